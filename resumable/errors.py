@@ -1,0 +1,47 @@
+"""Every error resumable raises, under one root.
+
+Each message is one line that names the path or argument involved and says what to do.
+Subclasses also inherit the matching built-in so ``except FileNotFoundError`` keeps working.
+"""
+
+from __future__ import annotations
+
+
+class ResumableError(Exception):
+    """Root of every error raised by resumable."""
+
+
+class StorageError(ResumableError, OSError):
+    """The run folder could not be read or written (after retries, where retrying made sense)."""
+
+
+class RunNotFoundError(StorageError, FileNotFoundError):
+    """The bucket or folder a URL points at does not exist."""
+
+
+class NotAFolderError(StorageError, NotADirectoryError):
+    """The URL points at a file where a run folder was expected."""
+
+
+class StoragePermissionError(StorageError, PermissionError):
+    """The storage answered that this account may not read or write the path."""
+
+
+class NotAuthenticatedError(StorageError, PermissionError):
+    """No usable Google Cloud credentials."""
+
+
+class CheckpointNotFoundError(ResumableError, FileNotFoundError):
+    """No (good) checkpoint matches what was asked for."""
+
+
+class CheckpointExistsError(ResumableError, FileExistsError):
+    """A committed checkpoint already has this name; resumable never overwrites one."""
+
+
+class CorruptCheckpointError(ResumableError):
+    """A checkpoint's files disagree with its manifest, or its manifest is unreadable."""
+
+
+class UnsupportedFormatError(CorruptCheckpointError):
+    """The manifest was written by a newer version of resumable."""

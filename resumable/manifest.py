@@ -1,0 +1,135 @@
+"""The manifest: the file written last, whose presence commits a checkpoint.
+
+It records every payload file with its size and CRC32C, plus what the checkpoint holds
+(epoch, step, metrics, library versions and free-form state). See docs/format.md.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from resumable.errors import CorruptCheckpointError, UnsupportedFormatError
+
+MANIFEST_NAME = "manifest.json"
+FORMAT_NAME = "resumable.checkpoint"
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """One payload file: its size in bytes and CRC32C as 8 hex digits."""
+
+    size: int
+    crc32c: str
+
+
+@dataclass
+class Manifest:
+    """What a committed checkpoint holds.
+
+    Attributes:
+        epoch: Epochs completed; a resumed fit starts with ``initial_epoch=epoch``.
+        step: Optimizer steps completed over the whole run.
+        batch: Batches completed in the epoch after ``epoch`` (0 at an epoch's end).
+        files: Payload files by path relative to the checkpoint folder.
+        metrics: The logs of the save (loss, val_loss, ...).
+        created: UTC time of the commit, ISO 8601.
+        versions: Versions of resumable, keras and the backend that wrote it.
+        state: Free-form JSON state (callback state, history summary, ...).
+    """
+
+    epoch: int
+    step: int = 0
+    batch: int = 0
+    files: dict[str, FileEntry] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
+    created: str = ""
+    versions: dict[str, str] = field(default_factory=dict)
+    state: dict[str, Any] = field(default_factory=dict)
+    format_version: int = FORMAT_VERSION
+
+    @property
+    def total_size(self) -> int:
+        return sum(entry.size for entry in self.files.values())
+
+    @property
+    def created_at(self) -> datetime | None:
+        try:
+            return datetime.fromisoformat(self.created)
+        except ValueError:
+            return None
+
+    def to_json(self) -> bytes:
+        data = {
+            "format": FORMAT_NAME,
+            "format_version": self.format_version,
+            "epoch": self.epoch,
+            "step": self.step,
+            "batch": self.batch,
+            "created": self.created or now_iso(),
+            "metrics": {k: _json_float(v) for k, v in self.metrics.items()},
+            "files": {
+                name: {"size": entry.size, "crc32c": entry.crc32c}
+                for name, entry in sorted(self.files.items())
+            },
+            "versions": self.versions,
+            "state": self.state,
+        }
+        return json.dumps(data, indent=2, sort_keys=False).encode() + b"\n"
+
+    @classmethod
+    def from_json(cls, data: bytes, where: str) -> Manifest:
+        """Parse a manifest; ``where`` names it in errors. Raises CorruptCheckpointError."""
+        try:
+            raw = json.loads(data)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise CorruptCheckpointError(
+                f"{where}: manifest is not valid JSON ({e}); the checkpoint is unusable, "
+                "delete it with `resumable prune` or by hand"
+            ) from e
+        if not isinstance(raw, dict) or raw.get("format") != FORMAT_NAME:
+            raise CorruptCheckpointError(f"{where}: not a resumable manifest")
+        version = raw.get("format_version")
+        if not isinstance(version, int):
+            raise CorruptCheckpointError(f"{where}: manifest has no integer format_version")
+        if version > FORMAT_VERSION:
+            raise UnsupportedFormatError(
+                f"{where}: manifest format {version} is newer than this resumable supports "
+                f"({FORMAT_VERSION}); upgrade with `pip install -U resumable`"
+            )
+        try:
+            files = {
+                str(name): FileEntry(size=int(e["size"]), crc32c=str(e["crc32c"]))
+                for name, e in raw["files"].items()
+            }
+            return cls(
+                epoch=int(raw["epoch"]),
+                step=int(raw.get("step", 0)),
+                batch=int(raw.get("batch", 0)),
+                files=files,
+                metrics={
+                    str(k): math.nan if v is None else float(v)
+                    for k, v in raw.get("metrics", {}).items()
+                },
+                created=str(raw.get("created", "")),
+                versions={str(k): str(v) for k, v in raw.get("versions", {}).items()},
+                state=dict(raw.get("state", {})),
+                format_version=version,
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise CorruptCheckpointError(
+                f"{where}: manifest is missing or has a bad field ({type(e).__name__}: {e})"
+            ) from e
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _json_float(value: Any) -> float | None:
+    number = float(value)
+    return None if math.isnan(number) or math.isinf(number) else number

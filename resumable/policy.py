@@ -1,0 +1,178 @@
+"""Retention: which checkpoints to keep. Pure functions over checkpoint descriptions.
+
+The callback's ``keep_last`` / ``keep_best`` and the CLI's ``prune`` both call `plan`;
+deleting is the storage layer's job. Two checkpoints are always kept: the newest good one
+and (when a metric is monitored) the best one.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+class CheckpointLike(Protocol):
+    """What retention needs to know about a checkpoint (CheckpointInfo satisfies it)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def ok(self) -> bool: ...
+
+    @property
+    def epoch(self) -> int | None: ...
+
+    @property
+    def step(self) -> int | None: ...
+
+    @property
+    def metrics(self) -> Mapping[str, float]: ...
+
+
+@dataclass(frozen=True)
+class Retention:
+    """What to keep.
+
+    Args:
+        keep_last: Keep the newest N good checkpoints; None keeps all. Defaults to None.
+        keep_best: Keep the best N by `monitor`. Defaults to 0.
+        monitor: Metric name for `keep_best`, e.g. ``"val_loss"``. Defaults to None.
+        mode: ``"min"``, ``"max"`` or ``"auto"`` (max for accuracy-like names). Defaults to "auto".
+        keep_every: Also keep every checkpoint whose epoch is a multiple of N. Defaults to None.
+    """
+
+    keep_last: int | None = None
+    keep_best: int = 0
+    monitor: str | None = None
+    mode: str = "auto"
+    keep_every: int | None = None
+
+    def __post_init__(self) -> None:
+        for arg in ("keep_last", "keep_every"):
+            value = getattr(self, arg)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise ValueError(
+                    f"Invalid value for argument `{arg}`. Received: {arg}={value!r}. "
+                    "Expected an int >= 1 or None."
+                )
+        if not isinstance(self.keep_best, int) or isinstance(self.keep_best, bool) or self.keep_best < 0:
+            raise ValueError(
+                f"Invalid value for argument `keep_best`. Received: keep_best={self.keep_best!r}. "
+                "Expected an int >= 0."
+            )
+        if self.mode not in ("auto", "min", "max"):
+            raise ValueError(
+                f"Invalid value for argument `mode`. Received: mode={self.mode!r}. "
+                "Expected 'auto', 'min' or 'max'."
+            )
+        if self.keep_best and not self.monitor:
+            raise ValueError(
+                f"Invalid value for argument `monitor`. Received: monitor={self.monitor!r} "
+                f"with keep_best={self.keep_best}. Expected a metric name such as 'val_loss'."
+            )
+
+
+@dataclass
+class Decision:
+    """Keep or delete one checkpoint, and why (reasons are short phrases for the CLI)."""
+
+    name: str
+    keep: bool
+    reasons: list[str] = field(default_factory=list)
+
+
+def resolve_mode(monitor: str | None, mode: str = "auto") -> str:
+    """``"min"`` or ``"max"``; ``auto`` means max for accuracy-like metrics, as in Keras."""
+    if mode in ("min", "max"):
+        return mode
+    name = (monitor or "").lower()
+    return "max" if ("acc" in name or name.startswith("fmeasure") or name.endswith("auc")) else "min"
+
+
+def is_better(value: float, best: float | None, mode: str) -> bool:
+    """True when ``value`` improves on ``best`` under ``mode`` ('min' or 'max'); NaN never does."""
+    if math.isnan(value):
+        return False
+    if best is None or math.isnan(best):
+        return True
+    return value < best if mode == "min" else value > best
+
+
+def best(checkpoints: Sequence[CheckpointLike], monitor: str, mode: str = "auto") -> list[CheckpointLike]:
+    """Good checkpoints that logged ``monitor``, best first (ties: the newer first).
+
+    ``checkpoints`` are ordered oldest first.
+    """
+    direction = resolve_mode(monitor, mode)
+    scored = [c for c in _newest_first(checkpoints) if _score(c, monitor) is not None]
+    return sorted(scored, key=lambda c: _score(c, monitor) * (1 if direction == "min" else -1))  # type: ignore[operator]
+
+
+def plan(checkpoints: Sequence[CheckpointLike], retention: Retention) -> list[Decision]:
+    """Decide for every checkpoint whether to keep it.
+
+    ``checkpoints`` must be ordered oldest first, as `RunStorage.list` returns them: a
+    partial checkpoint has no manifest, so its place in the list is all that dates it.
+
+    - The newest good checkpoint is always kept, and so is the best one when monitoring.
+    - ``keep_last``, ``keep_best`` and ``keep_every`` add to what is kept (any-of).
+    - Partial or corrupt checkpoints older than the newest good one are deleted;
+      newer ones are kept, since another process may still be writing them.
+    """
+    decisions = {c.name: Decision(c.name, keep=False) for c in checkpoints}
+    good = _newest_first(checkpoints)
+    newest_good_at = max((i for i, c in enumerate(checkpoints) if c.ok), default=-1)
+
+    if good:
+        decisions[good[0].name].reasons.append("latest good")
+    for c in good[: retention.keep_last] if retention.keep_last is not None else good:
+        decisions[c.name].reasons.append(
+            f"last {retention.keep_last}" if retention.keep_last is not None else "keep all"
+        )
+    if retention.monitor:
+        ranked = best(good, retention.monitor, retention.mode)
+        for rank, c in enumerate(ranked[: max(retention.keep_best, 1)]):
+            label = "best" if rank == 0 else f"best {retention.keep_best}"
+            decisions[c.name].reasons.append(f"{label} {retention.monitor}={_score(c, retention.monitor):.4g}")
+    if retention.keep_every:
+        for c in good:
+            if c.epoch and c.epoch % retention.keep_every == 0 and not _mid_epoch(c, checkpoints):
+                decisions[c.name].reasons.append(f"every {retention.keep_every} epochs")
+
+    for position, c in enumerate(checkpoints):
+        decision = decisions[c.name]
+        if c.ok:
+            decision.keep = bool(decision.reasons)
+            if not decision.keep:
+                decision.reasons.append(_why_dropped(retention))
+        elif position < newest_good_at:
+            decision.reasons.append("unfinished or corrupt, older than the latest good")
+        else:
+            decision.keep = True
+            decision.reasons.append("unfinished or corrupt, newer than the latest good: may be in progress")
+    return [decisions[c.name] for c in checkpoints]
+
+
+def _why_dropped(retention: Retention) -> str:
+    if retention.keep_last is not None:
+        return f"beyond the last {retention.keep_last}"
+    return "not kept by any rule"
+
+
+def _newest_first(checkpoints: Sequence[CheckpointLike]) -> list[CheckpointLike]:
+    return [c for c in reversed(checkpoints) if c.ok]
+
+
+def _score(c: CheckpointLike, monitor: str) -> float | None:
+    value = c.metrics.get(monitor)
+    if value is None or math.isnan(value):
+        return None
+    return float(value)
+
+
+def _mid_epoch(c: CheckpointLike, checkpoints: Sequence[CheckpointLike]) -> bool:
+    """A mid-epoch save shares its epoch with the end-of-epoch save before it; keep only that one."""
+    return any(o is not c and o.ok and o.epoch == c.epoch and (o.step or 0) < (c.step or 0) for o in checkpoints)

@@ -1,0 +1,564 @@
+"""One run folder on any fsspec filesystem: commit, list, fetch, verify and delete checkpoints.
+
+Layout of a run folder (local, a Google Drive mount, ``gs://bucket/prefix`` or ``memory://``)::
+
+    <run>/ckpt-000003/model.keras
+    <run>/ckpt-000003/state.json
+    <run>/ckpt-000003/manifest.json     <- written last: its presence commits the checkpoint
+
+Nothing is renamed and nothing is rewritten in place: GCS has no atomic rename and renames on
+Drive's FUSE mount are unreliable. A folder without a manifest is an interrupted commit
+("partial"); a manifest that disagrees with the files it lists makes it "corrupt". Neither
+is ever used as the latest checkpoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from resumable.checksum import CHUNK_SIZE, crc32c_from_gcs, crc32c_of_chunks, crc32c_of_file
+from resumable.errors import (
+    CheckpointExistsError,
+    CheckpointNotFoundError,
+    CorruptCheckpointError,
+    NotAFolderError,
+    NotAuthenticatedError,
+    ResumableError,
+    RunNotFoundError,
+    StorageError,
+    StoragePermissionError,
+)
+from resumable.manifest import MANIFEST_NAME, FileEntry, Manifest, now_iso
+from resumable.naming import DEFAULT_TEMPLATE, NameTemplate
+from resumable.retry import RetryPolicy
+
+# gcsfs 2026.x probes every bucket over gRPC first, which stalls about a minute against
+# emulators; we use none of what that probe enables. Must be set before gcsfs is imported.
+os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+
+import fsspec  # noqa: E402  (after the environment default above)
+
+logger = logging.getLogger("resumable")
+
+DRIVE_MOUNT = "/content/drive/"
+COLAB_AUTH_HINT = "run `from google.colab import auth; auth.authenticate_user()` in Colab"
+GCLOUD_AUTH_HINT = "run `gcloud auth application-default login`, or set GOOGLE_APPLICATION_CREDENTIALS"
+
+
+class Status(str, Enum):
+    """Whether a checkpoint can be restored."""
+
+    OK = "ok"
+    PARTIAL = "partial"  # no manifest: a commit that never finished
+    CORRUPT = "corrupt"  # a manifest that is unreadable or disagrees with the files
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class ListedFile:
+    size: int
+    crc32c: str | None  # only where the listing carries it (GCS)
+    modified: datetime | None
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """One checkpoint folder as found in the run folder."""
+
+    name: str
+    url: str
+    status: Status
+    manifest: Manifest | None = None
+    problem: str = ""
+    listed: dict[str, ListedFile] = field(default_factory=dict, repr=False)
+
+    @property
+    def ok(self) -> bool:
+        return self.status is Status.OK
+
+    @property
+    def epoch(self) -> int | None:
+        return self.manifest.epoch if self.manifest else None
+
+    @property
+    def step(self) -> int | None:
+        return self.manifest.step if self.manifest else None
+
+    @property
+    def metrics(self) -> dict[str, float]:
+        return dict(self.manifest.metrics) if self.manifest else {}
+
+    @property
+    def size(self) -> int:
+        """Bytes stored in the folder now."""
+        return sum(f.size for f in self.listed.values())
+
+    @property
+    def created(self) -> datetime | None:
+        if self.manifest and self.manifest.created_at:
+            return self.manifest.created_at
+        times = [f.modified for f in self.listed.values() if f.modified]
+        return max(times) if times else None
+
+
+class RunStorage:
+    """A run folder of checkpoints behind any fsspec URL.
+
+    Example:
+
+    ```python
+    storage = RunStorage("gs://my-bucket/runs/exp1")
+    storage.commit("/tmp/stage/ckpt-000003", "ckpt-000003", Manifest(epoch=3))
+    latest = storage.latest()            # newest checkpoint whose manifest and files agree
+    storage.fetch(latest, "/tmp/cache")  # downloads and checks every CRC32C
+    ```
+
+    Args:
+        url: A local folder, ``/content/drive/MyDrive/...``, ``gs://bucket/prefix``,
+            ``memory://...`` or any other fsspec URL.
+        filename: The folder name template, used to order checkpoints from one listing.
+            Defaults to ``"ckpt-{epoch:06d}"``.
+        retry: Backoff for transient errors. Defaults to ``RetryPolicy()``.
+        storage_options: Passed to the fsspec filesystem (e.g. ``{"token": "anon"}``).
+        truncate_before_delete: Empty files before deleting them, so Google Drive's trash
+            does not keep counting them against the quota. Defaults to True under
+            ``/content/drive/`` and False elsewhere.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        filename: str = DEFAULT_TEMPLATE,
+        retry: RetryPolicy | None = None,
+        storage_options: dict[str, Any] | None = None,
+        truncate_before_delete: bool | None = None,
+    ) -> None:
+        url = os.fspath(url)
+        if not url:
+            raise ResumableError("the run folder URL is empty; pass a folder or gs://bucket/prefix")
+        self.url = url.rstrip("/") or url
+        self.template = NameTemplate(filename)
+        self.retry = retry or RetryPolicy()
+        try:
+            self.fs, root = fsspec.core.url_to_fs(self.url, **(storage_options or {}))
+        except (ImportError, ValueError) as e:
+            raise ResumableError(f"{self.url}: cannot open this URL ({e})") from e
+        self.root = root.rstrip("/") or root
+        self.is_local = _is_local(self.fs)
+        self.is_gcs = "gs" in _protocols(self.fs)
+        self.truncate_before_delete = (
+            truncate_before_delete
+            if truncate_before_delete is not None
+            else self.is_local and os.path.abspath(self.root).startswith(DRIVE_MOUNT)
+        )
+
+    def __repr__(self) -> str:
+        return f"RunStorage({self.url!r})"
+
+    # ----------------------------------------------------------------- reading
+
+    def exists(self) -> bool:
+        """True when the run folder exists (and on GCS, holds at least one object)."""
+        with self._errors(self.url):
+            if self.is_local:
+                if os.path.isfile(self.root):
+                    raise NotAFolderError(f"{self.url} is a file, not a run folder")
+                return os.path.isdir(self.root)
+            return bool(self._list_files()) or self._call(lambda: self.fs.isdir(self.root), "stat")
+
+    def list(self) -> list[CheckpointInfo]:
+        """Every checkpoint folder with its status, oldest first.
+
+        One listing, then every manifest read at once (concurrently where the
+        filesystem supports it, as gcsfs does).
+        """
+        listing = self._listing()
+        names = sorted(listing)
+        paths = [self._path(name, MANIFEST_NAME) for name in names if MANIFEST_NAME in listing[name]]
+        blobs = self._read_many(paths)
+        infos = [self._info(name, listing[name], blobs.get(self._path(name, MANIFEST_NAME)))
+                 for name in names]
+        return sorted(infos, key=self._order)
+
+    def latest(self) -> CheckpointInfo | None:
+        """The newest good checkpoint, or None. Costs one listing and one manifest read."""
+        return next(self.newest_first(), None)
+
+    def newest_first(self) -> Iterator[CheckpointInfo]:
+        """Good checkpoints, newest first; manifests are read one at a time, as needed.
+
+        Newer partial or corrupt checkpoints that are skipped are logged as warnings.
+        """
+        listing = self._listing()
+        committed = [name for name, files in listing.items() if MANIFEST_NAME in files]
+        keyed = {name: self.template.parse(name) for name in committed}
+        unparsed = [name for name, key in keyed.items() if key is None]
+        if unparsed:  # folders written with another template: order them by their manifests
+            blobs = self._read_many([self._path(name, MANIFEST_NAME) for name in unparsed])
+            for name in unparsed:
+                info = self._info(name, listing[name], blobs.get(self._path(name, MANIFEST_NAME)))
+                keyed[name] = (info.epoch, info.step) if info.manifest else (-1, -1)
+        ordered = sorted(committed, key=lambda n: (keyed[n], n), reverse=True)
+        for name in _partial_newer_than(listing, ordered, self.template):
+            logger.warning("resumable: ignoring %s: no manifest (an interrupted save)", self._url(name))
+        for name in ordered:
+            info = self._info(name, listing[name], self._read(self._path(name, MANIFEST_NAME)))
+            if info.ok:
+                yield info
+            else:
+                logger.warning("resumable: skipping %s: %s", info.url, info.problem)
+
+    def get(self, name: str) -> CheckpointInfo:
+        """One checkpoint by folder name, with its status."""
+        files = self._listing(self._path(name)).get(name)
+        if not files:
+            raise CheckpointNotFoundError(f"{self._url(name)}: no such checkpoint; see `resumable list {self.url}`")
+        blob = self._read(self._path(name, MANIFEST_NAME)) if MANIFEST_NAME in files else None
+        return self._info(name, files, blob)
+
+    def fetch(self, checkpoint: CheckpointInfo | str, local_dir: str | Path) -> Path:
+        """Download a checkpoint into ``local_dir`` and check every file's size and CRC32C.
+
+        Files already in ``local_dir`` with the right checksum are not downloaded again.
+        Raises CorruptCheckpointError if a file disagrees with the manifest.
+        """
+        info = self.get(checkpoint) if isinstance(checkpoint, str) else checkpoint
+        manifest = _require_manifest(info)
+        target = Path(local_dir)
+        target.mkdir(parents=True, exist_ok=True)
+        for rel, entry in manifest.files.items():
+            local = target / rel
+            if local.is_file() and local.stat().st_size == entry.size and crc32c_of_file(local) == entry.crc32c:
+                continue
+            local.parent.mkdir(parents=True, exist_ok=True)
+            partial = local.with_name(local.name + ".part")
+            remote = self._path(info.name, rel)
+            with self._errors(self._url(info.name, rel)):
+                self._call(lambda r=remote, p=partial: self.fs.get_file(r, str(p)), f"download {rel}")
+            actual = FileEntry(partial.stat().st_size, crc32c_of_file(partial))
+            if actual != entry:
+                partial.unlink()
+                raise CorruptCheckpointError(
+                    f"{self._url(info.name, rel)}: {_mismatch(entry, actual)}; "
+                    "the checkpoint is damaged, an older one will be used"
+                )
+            os.replace(partial, local)
+        (target / MANIFEST_NAME).write_bytes(manifest.to_json())
+        return target
+
+    def verify(self, checkpoint: CheckpointInfo | str) -> list[str]:
+        """Re-read every file of a checkpoint; return one line per problem (empty if good)."""
+        info = self.get(checkpoint) if isinstance(checkpoint, str) else checkpoint
+        if info.manifest is None:
+            return [f"{info.url}: {info.problem}"]
+        problems = []
+        for rel, entry in info.manifest.files.items():
+            url = self._url(info.name, rel)
+            if rel not in info.listed:
+                problems.append(f"{url}: missing")
+                continue
+            with self._errors(url):
+                actual = self._call(lambda p=self._path(info.name, rel): self._checksum(p), f"read {rel}")
+            if actual != entry:
+                problems.append(f"{url}: {_mismatch(entry, actual)}")
+        return problems
+
+    # ----------------------------------------------------------------- writing
+
+    def commit(self, local_dir: str | Path, name: str, manifest: Manifest) -> CheckpointInfo:
+        """Copy the files under ``local_dir`` into folder ``name``, then write the manifest.
+
+        The manifest records each file's size and CRC32C and is written last, create-only:
+        a committed checkpoint is never overwritten (CheckpointExistsError). Leftovers of an
+        interrupted commit under the same name are removed first.
+        """
+        _check_name(name)
+        source = Path(local_dir)
+        files = {
+            p.relative_to(source).as_posix(): p
+            for p in sorted(source.rglob("*"))
+            if p.is_file() and p.name != MANIFEST_NAME
+        }
+        entries = {rel: FileEntry(p.stat().st_size, crc32c_of_file(p)) for rel, p in files.items()}
+        self._clear_leftovers(name)
+        for rel, path in files.items():
+            self._upload(path, name, rel, entries[rel])
+        manifest = replace(manifest, files=entries, created=now_iso())
+        self._write_manifest(name, manifest.to_json())
+        listed = {rel: ListedFile(e.size, e.crc32c, None) for rel, e in entries.items()}
+        return CheckpointInfo(name, self._url(name), Status.OK, manifest, listed=listed)
+
+    def delete(self, checkpoint: CheckpointInfo | str) -> None:
+        """Delete a checkpoint folder: the manifest first, so a half-done delete reads as partial."""
+        name = checkpoint if isinstance(checkpoint, str) else checkpoint.name
+        _check_name(name)
+        files = self._listing(self._path(name)).get(name, {})
+        ordered = sorted(files, key=lambda rel: rel != MANIFEST_NAME)
+        for rel in ordered:
+            path = self._path(name, rel)
+            with self._errors(self._url(name, rel)):
+                if self.truncate_before_delete:
+                    # Drive's trash keeps deleted files and counts them against the quota.
+                    self._call(lambda p=path: self.fs.pipe_file(p, b""), f"truncate {rel}")
+                self._call(lambda p=path: self.fs.rm_file(p), f"delete {rel}")
+        if self.is_local:
+            shutil.rmtree(self._path(name), ignore_errors=True)
+
+    # ----------------------------------------------------------------- helpers
+
+    def _path(self, *parts: str) -> str:
+        return "/".join((self.root, *parts))
+
+    def _url(self, *parts: str) -> str:
+        return "/".join((self.url, *parts))
+
+    def _order(self, info: CheckpointInfo) -> tuple[Any, ...]:
+        if info.manifest:
+            return (0, info.manifest.epoch, info.manifest.step, info.name)
+        key = self.template.parse(info.name)
+        return (0, key[0], key[1], info.name) if key else (1, 0, 0, info.name)
+
+    def _call(self, fn: Any, what: str) -> Any:
+        return self.retry.call(fn, what)
+
+    def _list_files(self, path: str | None = None) -> dict[str, dict[str, Any]]:
+        path = path or self.root
+        with self._errors(self.url):
+            if self.is_gcs:
+                self.fs.invalidate_cache(path)  # another process may have written since
+            found = self._call(lambda: self.fs.find(path, detail=True), "list")
+        if self.root in found and found[self.root].get("type") != "directory":
+            raise NotAFolderError(f"{self.url} is a file, not a run folder; pass the folder that holds the checkpoints")
+        return dict(found)
+
+    def _listing(self, path: str | None = None) -> dict[str, dict[str, ListedFile]]:
+        """Files grouped by checkpoint folder: {name: {relative path: ListedFile}}."""
+        prefix = self.root + "/"
+        grouped: dict[str, dict[str, ListedFile]] = {}
+        for full, detail in self._list_files(path).items():
+            full = full.rstrip("/")
+            if not full.startswith(prefix) or detail.get("type") == "directory":
+                continue
+            name, _, rel = full[len(prefix):].partition("/")
+            if not rel:
+                continue  # a file directly in the run folder (a lease, a note) is no checkpoint
+            grouped.setdefault(name, {})[rel] = _listed_file(detail)
+        return grouped
+
+    def _read(self, path: str) -> bytes | Exception:
+        try:
+            with self._errors(path):
+                return bytes(self._call(lambda: self.fs.cat_file(path), "read manifest"))
+        except FileNotFoundError as e:  # deleted between listing and reading
+            return e
+
+    def _read_many(self, paths: list[str]) -> dict[str, bytes | Exception]:
+        if not paths:
+            return {}
+        with self._errors(self.url):
+            blobs = self._call(lambda: self.fs.cat(paths, on_error="return"), "read manifests")
+        # cat() with one path returns bytes, with several a dict
+        results: dict[str, bytes | Exception] = (
+            {paths[0]: blobs} if len(paths) == 1 and not isinstance(blobs, dict) else dict(blobs)
+        )
+        for path, value in list(results.items()):
+            if isinstance(value, Exception) and not isinstance(value, FileNotFoundError):
+                results[path] = self._read(path)  # one more try, with retries, alone
+        return {_strip(p, self.fs): v for p, v in results.items()}
+
+    def _info(self, name: str, listed: dict[str, ListedFile], blob: bytes | Exception | None) -> CheckpointInfo:
+        url = self._url(name)
+        if blob is None or isinstance(blob, FileNotFoundError):
+            return CheckpointInfo(name, url, Status.PARTIAL, None, "no manifest (an interrupted save)", listed)
+        if isinstance(blob, Exception):
+            return CheckpointInfo(name, url, Status.CORRUPT, None, f"manifest unreadable: {blob}", listed)
+        try:
+            manifest = Manifest.from_json(blob, f"{url}/{MANIFEST_NAME}")
+        except CorruptCheckpointError as e:
+            return CheckpointInfo(name, url, Status.CORRUPT, None, str(e).split(": ", 1)[-1], listed)
+        problems = []
+        for rel, entry in manifest.files.items():
+            found = listed.get(rel)
+            if found is None:
+                problems.append(f"{rel} missing")
+            elif found.size != entry.size:
+                problems.append(f"{rel} has {found.size} bytes, manifest says {entry.size}")
+            elif found.crc32c is not None and found.crc32c != entry.crc32c:
+                problems.append(f"{rel} crc32c {found.crc32c}, manifest says {entry.crc32c}")
+        status = Status.CORRUPT if problems else Status.OK
+        return CheckpointInfo(name, url, status, manifest, "; ".join(problems), listed)
+
+    def _checksum(self, path: str) -> FileEntry:
+        size = 0
+
+        def chunks() -> Iterator[bytes]:
+            nonlocal size
+            with self.fs.open(path, "rb", block_size=CHUNK_SIZE) as f:
+                while chunk := f.read(CHUNK_SIZE):
+                    size += len(chunk)
+                    yield chunk
+
+        crc = crc32c_of_chunks(chunks())
+        return FileEntry(size, crc)
+
+    def _clear_leftovers(self, name: str) -> None:
+        files = self._listing(self._path(name)).get(name)
+        if not files:
+            return
+        if MANIFEST_NAME in files:
+            info = self._info(name, files, self._read(self._path(name, MANIFEST_NAME)))
+            if info.ok:
+                raise CheckpointExistsError(
+                    f"{info.url} is already committed and resumable never overwrites a checkpoint; "
+                    "continue the run with resumable.resume() or write to a new folder"
+                )
+            logger.warning("resumable: replacing corrupt checkpoint %s (%s)", info.url, info.problem)
+        else:
+            logger.info("resumable: removing leftovers of an interrupted save in %s", self._url(name))
+        self.delete(name)
+
+    def _upload(self, local: Path, name: str, rel: str, entry: FileEntry) -> None:
+        remote = self._path(name, rel)
+
+        def put_and_check() -> None:
+            if self.is_local:
+                os.makedirs(os.path.dirname(remote), exist_ok=True)
+            self.fs.put_file(str(local), remote)
+            listed = _listed_file(self.fs.info(remote))
+            if listed.size != entry.size or (listed.crc32c and listed.crc32c != entry.crc32c):
+                # a short or damaged upload: worth another try
+                raise OSError(errno.EIO, f"uploaded copy differs: {_mismatch(entry, FileEntry(listed.size, listed.crc32c or '?'))}")
+
+        with self._errors(self._url(name, rel)):
+            self._call(put_and_check, f"upload {rel}")
+
+    def _write_manifest(self, name: str, data: bytes) -> None:
+        path = self._path(name, MANIFEST_NAME)
+        url = self._url(name, MANIFEST_NAME)
+
+        def write() -> None:
+            if self.is_local:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                with open(path, "xb") as f:  # exclusive create, as GCS' ifGenerationMatch=0
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
+            else:
+                self.fs.pipe_file(path, data, mode="create")
+
+        try:
+            with self._errors(url):
+                self._call(write, "write manifest")
+        except FileExistsError as e:
+            raise CheckpointExistsError(
+                f"{url} appeared while committing: another process is writing this run folder"
+            ) from e
+
+    @contextlib.contextmanager
+    def _errors(self, where: str) -> Iterator[None]:
+        """Turn whatever fsspec, gcsfs or the OS raised into one clear ResumableError line."""
+        try:
+            yield
+        except ResumableError:
+            raise
+        except Exception as e:
+            raise _translate(e, where, self) from e
+
+
+def _translate(e: Exception, where: str, storage: RunStorage) -> Exception:
+    detail = f"{type(e).__name__}: {e}".strip().rstrip(":")
+    module = type(e).__module__
+    code = getattr(e, "code", None)
+    if module.startswith("google.auth") or "credentials" in str(e).lower() and code in (401, None):
+        hint = COLAB_AUTH_HINT if _in_colab() else GCLOUD_AUTH_HINT
+        return NotAuthenticatedError(f"{where}: not authenticated to Google Cloud ({detail}); {hint}")
+    if code == 401:
+        hint = COLAB_AUTH_HINT if _in_colab() else GCLOUD_AUTH_HINT
+        return NotAuthenticatedError(f"{where}: not authenticated to Google Cloud; {hint}")
+    if isinstance(e, PermissionError) or code == 403:
+        return StoragePermissionError(f"{where}: permission denied; check that this account may read and write it")
+    if isinstance(e, NotADirectoryError):
+        return NotAFolderError(f"{where}: a file is in the way where a folder was expected")
+    if isinstance(e, FileNotFoundError) or code == 404:
+        if storage.is_gcs:
+            bucket = storage.root.split("/", 1)[0]
+            return RunNotFoundError(f"{where}: not found; does the bucket gs://{bucket} exist? Create it first")
+        return RunNotFoundError(f"{where}: not found")
+    if isinstance(e, FileExistsError):
+        return e  # handled by the caller
+    if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+        return StorageError(f"{where}: no space left on the device; free space or choose another folder")
+    return StorageError(f"{where}: {detail}")
+
+
+def _listed_file(detail: dict[str, Any]) -> ListedFile:
+    crc = detail.get("crc32c")
+    modified = detail.get("mtime") or detail.get("updated") or detail.get("created")
+    if isinstance(modified, (int, float)):
+        modified = datetime.fromtimestamp(modified).astimezone()
+    elif isinstance(modified, str):
+        try:
+            modified = datetime.fromisoformat(modified.replace("Z", "+00:00"))
+        except ValueError:
+            modified = None
+    return ListedFile(
+        size=int(detail.get("size") or 0),
+        crc32c=crc32c_from_gcs(crc) if isinstance(crc, str) and crc else None,
+        modified=modified if isinstance(modified, datetime) else None,
+    )
+
+
+def _partial_newer_than(
+    listing: dict[str, dict[str, ListedFile]], committed_newest_first: list[str], template: NameTemplate
+) -> list[str]:
+    newest = template.parse(committed_newest_first[0]) if committed_newest_first else None
+    partial = [name for name, files in listing.items() if MANIFEST_NAME not in files]
+    keys = {name: template.parse(name) for name in partial}
+    return sorted(n for n, k in keys.items() if k is not None and (newest is None or k > newest))
+
+
+def _require_manifest(info: CheckpointInfo) -> Manifest:
+    if info.manifest is None or info.status is not Status.OK:
+        raise CorruptCheckpointError(f"{info.url}: {info.problem or info.status}; cannot restore it")
+    return info.manifest
+
+
+def _mismatch(expected: FileEntry, actual: FileEntry) -> str:
+    if expected.size != actual.size:
+        return f"size {actual.size} bytes, manifest says {expected.size}"
+    return f"crc32c {actual.crc32c}, manifest says {expected.crc32c}"
+
+
+def _check_name(name: str) -> None:
+    if not name or "/" in name or name in (".", ".."):
+        raise ResumableError(f"invalid checkpoint name {name!r}: expected a plain folder name")
+
+
+def _protocols(fs: Any) -> tuple[str, ...]:
+    protocol = fs.protocol
+    return (protocol,) if isinstance(protocol, str) else tuple(protocol)
+
+
+def _is_local(fs: Any) -> bool:
+    return "file" in _protocols(fs)
+
+
+def _strip(path: str, fs: Any) -> str:
+    return str(fs._strip_protocol(path)).rstrip("/")
+
+
+def _in_colab() -> bool:
+    return "COLAB_RELEASE_TAG" in os.environ or "COLAB_GPU" in os.environ
