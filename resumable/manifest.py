@@ -94,8 +94,8 @@ class Manifest:
         if not isinstance(raw, dict) or raw.get("format") != FORMAT_NAME:
             raise CorruptCheckpointError(f"{where}: not a resumable manifest")
         version = raw.get("format_version")
-        if not isinstance(version, int):
-            raise CorruptCheckpointError(f"{where}: manifest has no integer format_version")
+        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+            raise CorruptCheckpointError(f"{where}: manifest has no valid format_version (got {version!r})")
         if version > FORMAT_VERSION:
             raise UnsupportedFormatError(
                 f"{where}: manifest format {version} is newer than this resumable supports "
@@ -106,6 +106,9 @@ class Manifest:
                 str(name): FileEntry(size=int(e["size"]), crc32c=str(e["crc32c"]))
                 for name, e in raw["files"].items()
             }
+            unsafe = [name for name in files if not _is_safe_relative(name)]
+            if unsafe:  # a hand-edited or hostile manifest must not make fetch write elsewhere
+                raise ValueError(f"file name {unsafe[0]!r} is not a plain relative path")
             return cls(
                 epoch=int(raw["epoch"]),
                 step=int(raw.get("step", 0)),
@@ -124,6 +127,18 @@ class Manifest:
             raise CorruptCheckpointError(
                 f"{where}: manifest is missing or has a bad field ({type(e).__name__}: {e})"
             ) from e
+
+
+def _is_safe_relative(name: str) -> bool:
+    parts = name.split("/")
+    return (
+        bool(name)
+        and "\\" not in name
+        and not name.startswith("/")
+        and ":" not in parts[0]
+        and all(part not in ("", ".", "..") for part in parts)
+        and name != MANIFEST_NAME
+    )
 
 
 def now_iso() -> str:

@@ -26,7 +26,8 @@ DEFAULT_TEMPLATE = "ckpt-{epoch:06d}"
 STEP_SUFFIX = "-step-{step:09d}"
 
 _INT = r"\d+"
-_NUMBER = r"[-+]?(?:nan|inf|\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?)"
+# Whatever str.format makes of a float: 0.912, -1.5e-04, 1.2E+03, nan, NAN, -inf, 91.20%.
+_NUMBER = r"[-+]?(?:(?i:nan|inf)|\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?)%?"
 _FORBIDDEN = ("/", "\\", "\n")
 
 
@@ -78,7 +79,7 @@ class NameTemplate:
         return int(match.group("epoch")), int(step) if step is not None else -1
 
 
-class _MissingAsNan(dict):  # type: ignore[type-arg]
+class _MissingAsNan(dict[str, Any]):
     def __missing__(self, key: str) -> float:
         return math.nan
 

@@ -32,17 +32,45 @@ TRANSIENT_ERRNOS = frozenset(
 )
 
 
+TRANSIENT_HTTP = frozenset({408, 429})  # and every 5xx
+
+# Connection-level errors of the HTTP stacks under gcsfs, matched by name so that local-only
+# users need not import them: (module prefix, class name anywhere in the exception's MRO).
+_TRANSIENT_CLASSES = frozenset(
+    {
+        ("aiohttp", "ClientConnectionError"),  # refused, reset, server disconnected, timeouts
+        ("aiohttp", "ClientPayloadError"),  # a response cut short
+        ("requests", "ConnectionError"),
+        ("requests", "Timeout"),
+        ("requests", "ChunkedEncodingError"),
+    }
+)
+
+
 def is_transient(exc: BaseException) -> bool:
     """True for errors worth retrying: flaky mounts, throttling, server errors, timeouts."""
-    code = getattr(exc, "code", None)
-    if isinstance(code, int) and (code == 429 or 500 <= code < 600):
+    code = _http_code(exc)
+    if code is not None and (code in TRANSIENT_HTTP or 500 <= code < 600):
         return True
     if isinstance(exc, (TimeoutError, ConnectionError)):
         return True
     if isinstance(exc, OSError) and exc.errno in TRANSIENT_ERRNOS:
         return True
-    # aiohttp's connection errors, without importing aiohttp for local-only users.
-    return type(exc).__module__.startswith("aiohttp") and "Connect" in type(exc).__name__
+    return any(
+        (cls.__module__.split(".", 1)[0], cls.__name__) in _TRANSIENT_CLASSES for cls in type(exc).__mro__
+    )
+
+
+def _http_code(exc: BaseException) -> int | None:
+    """The HTTP status of gcsfs' HttpError or google-api-core's errors (an int, or digits)."""
+    code = getattr(exc, "code", None)
+    if isinstance(code, bool):
+        return None
+    if isinstance(code, int):
+        return code
+    if isinstance(code, str) and code.isdigit():
+        return int(code)
+    return None
 
 
 @dataclass(frozen=True)
@@ -60,11 +88,18 @@ class RetryPolicy:
     max_delay: float = 8.0
 
     def __post_init__(self) -> None:
-        if self.attempts < 1:
+        if not isinstance(self.attempts, int) or self.attempts < 1:
             raise ValueError(
-                f"Invalid value for argument `attempts`. Received: attempts={self.attempts}. "
+                f"Invalid value for argument `attempts`. Received: attempts={self.attempts!r}. "
                 "Expected an int >= 1."
             )
+        for name in ("initial_delay", "max_delay"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or value < 0:
+                raise ValueError(
+                    f"Invalid value for argument `{name}`. Received: {name}={value!r}. "
+                    "Expected a number of seconds >= 0."
+                )
 
     def call(self, fn: Callable[[], T], what: str) -> T:
         """Run ``fn``, retrying transient errors; ``what`` names the operation in the log."""

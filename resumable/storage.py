@@ -14,6 +14,7 @@ is ever used as the latest checkpoint.
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import errno
 import logging
@@ -37,6 +38,7 @@ from resumable.errors import (
     RunNotFoundError,
     StorageError,
     StoragePermissionError,
+    UnsupportedFormatError,
 )
 from resumable.manifest import MANIFEST_NAME, FileEntry, Manifest, now_iso
 from resumable.naming import DEFAULT_TEMPLATE, NameTemplate
@@ -159,6 +161,7 @@ class RunStorage:
         self.root = root.rstrip("/") or root
         self.is_local = _is_local(self.fs)
         self.is_gcs = "gs" in _protocols(self.fs)
+        self._credentials_checked = not self.is_gcs
         self.truncate_before_delete = (
             truncate_before_delete
             if truncate_before_delete is not None
@@ -204,18 +207,30 @@ class RunStorage:
         """
         listing = self._listing()
         committed = [name for name, files in listing.items() if MANIFEST_NAME in files]
-        keyed = {name: self.template.parse(name) for name in committed}
-        unparsed = [name for name, key in keyed.items() if key is None]
+        keys: dict[str, tuple[int, int]] = {}
+        unparsed = []
+        for name in committed:
+            key = self.template.parse(name)
+            if key is None:
+                unparsed.append(name)
+            else:
+                keys[name] = key
+        infos: dict[str, CheckpointInfo] = {}
         if unparsed:  # folders written with another template: order them by their manifests
             blobs = self._read_many([self._path(name, MANIFEST_NAME) for name in unparsed])
             for name in unparsed:
                 info = self._info(name, listing[name], blobs.get(self._path(name, MANIFEST_NAME)))
-                keyed[name] = (info.epoch, info.step) if info.manifest else (-1, -1)
-        ordered = sorted(committed, key=lambda n: (keyed[n], n), reverse=True)
-        for name in _partial_newer_than(listing, ordered, self.template):
+                infos[name] = info
+                keys[name] = (info.manifest.epoch, info.manifest.step) if info.manifest else (-1, -1)
+        ordered = sorted(committed, key=lambda n: (keys[n], n), reverse=True)
+        newest = keys[ordered[0]] if ordered else None
+        for name in _partial_newer_than(listing, newest, self.template):
             logger.warning("resumable: ignoring %s: no manifest (an interrupted save)", self._url(name))
         for name in ordered:
-            info = self._info(name, listing[name], self._read(self._path(name, MANIFEST_NAME)))
+            found = infos.get(name)
+            if found is None:
+                found = self._info(name, listing[name], self._read(self._path(name, MANIFEST_NAME)))
+            info = found
             if info.ok:
                 yield info
             else:
@@ -225,7 +240,10 @@ class RunStorage:
         """One checkpoint by folder name, with its status."""
         files = self._listing(self._path(name)).get(name)
         if not files:
-            raise CheckpointNotFoundError(f"{self._url(name)}: no such checkpoint; see `resumable list {self.url}`")
+            self._list_files()  # raises NotAFolderError if the run folder is a file
+            raise CheckpointNotFoundError(
+                f"{self._url(name)}: no such checkpoint; see `resumable list {self.url}`"
+            )
         blob = self._read(self._path(name, MANIFEST_NAME)) if MANIFEST_NAME in files else None
         return self._info(name, files, blob)
 
@@ -241,8 +259,8 @@ class RunStorage:
         target.mkdir(parents=True, exist_ok=True)
         for rel, entry in manifest.files.items():
             local = target / rel
-            if local.is_file() and local.stat().st_size == entry.size and crc32c_of_file(local) == entry.crc32c:
-                continue
+            if local.is_file() and FileEntry(local.stat().st_size, crc32c_of_file(local)) == entry:
+                continue  # already in the cache
             local.parent.mkdir(parents=True, exist_ok=True)
             partial = local.with_name(local.name + ".part")
             remote = self._path(info.name, rel)
@@ -259,7 +277,7 @@ class RunStorage:
         (target / MANIFEST_NAME).write_bytes(manifest.to_json())
         return target
 
-    def verify(self, checkpoint: CheckpointInfo | str) -> list[str]:
+    def verify(self, checkpoint: CheckpointInfo | str) -> builtins.list[str]:
         """Re-read every file of a checkpoint; return one line per problem (empty if good)."""
         info = self.get(checkpoint) if isinstance(checkpoint, str) else checkpoint
         if info.manifest is None:
@@ -270,8 +288,9 @@ class RunStorage:
             if rel not in info.listed:
                 problems.append(f"{url}: missing")
                 continue
+            path = self._path(info.name, rel)
             with self._errors(url):
-                actual = self._call(lambda p=self._path(info.name, rel): self._checksum(p), f"read {rel}")
+                actual = self._call(lambda p=path: self._checksum(p), f"read {rel}")
             if actual != entry:
                 problems.append(f"{url}: {_mismatch(entry, actual)}")
         return problems
@@ -287,11 +306,15 @@ class RunStorage:
         """
         _check_name(name)
         source = Path(local_dir)
+        if not source.is_dir():
+            raise ResumableError(f"{source}: no such folder to commit as {self._url(name)}")
         files = {
             p.relative_to(source).as_posix(): p
             for p in sorted(source.rglob("*"))
             if p.is_file() and p.name != MANIFEST_NAME
         }
+        if not files:
+            raise ResumableError(f"{source}: no files to commit as {self._url(name)}")
         entries = {rel: FileEntry(p.stat().st_size, crc32c_of_file(p)) for rel, p in files.items()}
         self._clear_leftovers(name)
         for rel, path in files.items():
@@ -332,7 +355,26 @@ class RunStorage:
         return (0, key[0], key[1], info.name) if key else (1, 0, 0, info.name)
 
     def _call(self, fn: Any, what: str) -> Any:
+        if not self._credentials_checked:
+            self._check_credentials()
         return self.retry.call(fn, what)
+
+    def _check_credentials(self) -> None:
+        """Refresh Google credentials once, before the first request, and fail fast.
+
+        gcsfs retries a failed token refresh six times with backoff up to 32 s, and logs a
+        traceback each time: the minute-long hang users see in Colab when not authenticated.
+        One refresh here, outside those retries, turns it into one NotAuthenticatedError line.
+        """
+        holder = getattr(self.fs, "credentials", None)
+        credentials = getattr(holder, "credentials", None)
+        if credentials is None or getattr(credentials, "valid", False):
+            self._credentials_checked = True  # anonymous, or a token already fresh
+            return
+        lock = getattr(holder, "lock", None) or contextlib.nullcontext()
+        with lock:
+            credentials.refresh(_BoundedRequest())
+        self._credentials_checked = True
 
     def _list_files(self, path: str | None = None) -> dict[str, dict[str, Any]]:
         path = path or self.root
@@ -341,7 +383,9 @@ class RunStorage:
                 self.fs.invalidate_cache(path)  # another process may have written since
             found = self._call(lambda: self.fs.find(path, detail=True), "list")
         if self.root in found and found[self.root].get("type") != "directory":
-            raise NotAFolderError(f"{self.url} is a file, not a run folder; pass the folder that holds the checkpoints")
+            raise NotAFolderError(
+                f"{self.url} is a file, not a run folder; pass the folder that holds the checkpoints"
+            )
         return dict(found)
 
     def _listing(self, path: str | None = None) -> dict[str, dict[str, ListedFile]]:
@@ -365,7 +409,7 @@ class RunStorage:
         except FileNotFoundError as e:  # deleted between listing and reading
             return e
 
-    def _read_many(self, paths: list[str]) -> dict[str, bytes | Exception]:
+    def _read_many(self, paths: builtins.list[str]) -> dict[str, bytes | Exception]:
         if not paths:
             return {}
         with self._errors(self.url):
@@ -379,10 +423,13 @@ class RunStorage:
                 results[path] = self._read(path)  # one more try, with retries, alone
         return {_strip(p, self.fs): v for p, v in results.items()}
 
-    def _info(self, name: str, listed: dict[str, ListedFile], blob: bytes | Exception | None) -> CheckpointInfo:
+    def _info(
+        self, name: str, listed: dict[str, ListedFile], blob: bytes | Exception | None
+    ) -> CheckpointInfo:
         url = self._url(name)
         if blob is None or isinstance(blob, FileNotFoundError):
-            return CheckpointInfo(name, url, Status.PARTIAL, None, "no manifest (an interrupted save)", listed)
+            problem = "no manifest (an interrupted save)"
+            return CheckpointInfo(name, url, Status.PARTIAL, None, problem, listed)
         if isinstance(blob, Exception):
             return CheckpointInfo(name, url, Status.CORRUPT, None, f"manifest unreadable: {blob}", listed)
         try:
@@ -419,8 +466,9 @@ class RunStorage:
         if not files:
             return
         if MANIFEST_NAME in files:
-            info = self._info(name, files, self._read(self._path(name, MANIFEST_NAME)))
-            if info.ok:
+            blob = self._read(self._path(name, MANIFEST_NAME))
+            info = self._info(name, files, blob)
+            if info.ok or _newer_format(blob):
                 raise CheckpointExistsError(
                     f"{info.url} is already committed and resumable never overwrites a checkpoint; "
                     "continue the run with resumable.resume() or write to a new folder"
@@ -437,10 +485,13 @@ class RunStorage:
             if self.is_local:
                 os.makedirs(os.path.dirname(remote), exist_ok=True)
             self.fs.put_file(str(local), remote)
+            if self.is_local:
+                _fsync(remote)  # on disk before the manifest that vouches for it
             listed = _listed_file(self.fs.info(remote))
             if listed.size != entry.size or (listed.crc32c and listed.crc32c != entry.crc32c):
                 # a short or damaged upload: worth another try
-                raise OSError(errno.EIO, f"uploaded copy differs: {_mismatch(entry, FileEntry(listed.size, listed.crc32c or '?'))}")
+                found = FileEntry(listed.size, listed.crc32c or "?")
+                raise OSError(errno.EIO, f"uploaded copy differs: {_mismatch(entry, found)}")
 
         with self._errors(self._url(name, rel)):
             self._call(put_and_check, f"upload {rel}")
@@ -452,10 +503,10 @@ class RunStorage:
         def write() -> None:
             if self.is_local:
                 os.makedirs(os.path.dirname(path), exist_ok=True)
-                with open(path, "xb") as f:  # exclusive create, as GCS' ifGenerationMatch=0
+                with self.fs.open(path, "xb") as f:  # exclusive create, as GCS' ifGenerationMatch=0
                     f.write(data)
-                    f.flush()
-                    os.fsync(f.fileno())
+                _fsync(path)
+                _fsync(os.path.dirname(path))  # the folder entry, so the manifest survives a crash
             else:
                 self.fs.pipe_file(path, data, mode="create")
 
@@ -463,6 +514,10 @@ class RunStorage:
             with self._errors(url):
                 self._call(write, "write manifest")
         except FileExistsError as e:
+            # A retry after a transient error (Drive's EIO, a GCS 503) whose first try did
+            # land finds our own manifest: that is success, not a second writer.
+            if self._read(path) == data:
+                return
             raise CheckpointExistsError(
                 f"{url} appeared while committing: another process is writing this run folder"
             ) from e
@@ -478,8 +533,26 @@ class RunStorage:
             raise _translate(e, where, self) from e
 
 
+class _BoundedRequest:
+    """google-auth's requests transport with a short timeout (its default is 120 s)."""
+
+    timeout = 20.0
+
+    def __init__(self) -> None:
+        from google.auth.transport.requests import Request
+
+        self._request = Request()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        kwargs["timeout"] = min(kwargs.get("timeout") or self.timeout, self.timeout)
+        return self._request(*args, **kwargs)
+
+
 def _translate(e: Exception, where: str, storage: RunStorage) -> Exception:
-    detail = f"{type(e).__name__}: {e}".strip().rstrip(":")
+    # One line, whatever the library put in its message (JSON bodies, URLs on new lines).
+    detail = " ".join(f"{type(e).__name__}: {e}".split()).rstrip(":")
+    if len(detail) > 300:
+        detail = detail[:297] + "..."
     module = type(e).__module__
     code = getattr(e, "code", None)
     if module.startswith("google.auth") or "credentials" in str(e).lower() and code in (401, None):
@@ -489,13 +562,17 @@ def _translate(e: Exception, where: str, storage: RunStorage) -> Exception:
         hint = COLAB_AUTH_HINT if _in_colab() else GCLOUD_AUTH_HINT
         return NotAuthenticatedError(f"{where}: not authenticated to Google Cloud; {hint}")
     if isinstance(e, PermissionError) or code == 403:
-        return StoragePermissionError(f"{where}: permission denied; check that this account may read and write it")
+        return StoragePermissionError(
+            f"{where}: permission denied; check that this account may read and write it"
+        )
     if isinstance(e, NotADirectoryError):
         return NotAFolderError(f"{where}: a file is in the way where a folder was expected")
     if isinstance(e, FileNotFoundError) or code == 404:
-        if storage.is_gcs:
+        if storage.is_gcs and where == storage.url:  # listing an absent prefix is no error on GCS
             bucket = storage.root.split("/", 1)[0]
-            return RunNotFoundError(f"{where}: not found; does the bucket gs://{bucket} exist? Create it first")
+            return RunNotFoundError(
+                f"{where}: not found; does the bucket gs://{bucket} exist? Create it first"
+            )
         return RunNotFoundError(f"{where}: not found")
     if isinstance(e, FileExistsError):
         return e  # handled by the caller
@@ -522,12 +599,34 @@ def _listed_file(detail: dict[str, Any]) -> ListedFile:
 
 
 def _partial_newer_than(
-    listing: dict[str, dict[str, ListedFile]], committed_newest_first: list[str], template: NameTemplate
+    listing: dict[str, dict[str, ListedFile]], newest: tuple[int, int] | None, template: NameTemplate
 ) -> list[str]:
-    newest = template.parse(committed_newest_first[0]) if committed_newest_first else None
     partial = [name for name, files in listing.items() if MANIFEST_NAME not in files]
     keys = {name: template.parse(name) for name in partial}
     return sorted(n for n, k in keys.items() if k is not None and (newest is None or k > newest))
+
+
+def _fsync(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError as e:
+        if e.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):  # some mounts cannot fsync
+            raise
+    finally:
+        os.close(fd)
+
+
+def _newer_format(blob: bytes | Exception) -> bool:
+    if isinstance(blob, Exception):
+        return False
+    try:
+        Manifest.from_json(blob, "")
+    except UnsupportedFormatError:
+        return True
+    except CorruptCheckpointError:
+        return False
+    return False
 
 
 def _require_manifest(info: CheckpointInfo) -> Manifest:
