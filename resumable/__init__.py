@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from resumable.errors import (
     CheckpointExistsError,
+    CheckpointMismatchError,
     CheckpointNotFoundError,
     CorruptCheckpointError,
     NotAFolderError,
@@ -28,9 +29,11 @@ __version__ = "0.1.0"
 
 if TYPE_CHECKING:
     from resumable.callback import CheckpointCallback
-    from resumable.resume import Run, resume
+    from resumable.run import Run, resume
 
-_LAZY = {"CheckpointCallback": "resumable.callback", "resume": "resumable.resume", "Run": "resumable.resume"}
+# `resume` lives in resumable.run: a submodule named resumable.resume would replace the function
+# `resumable.resume` with the module as soon as anything imported it.
+_LAZY = {"CheckpointCallback": "resumable.callback", "resume": "resumable.run", "Run": "resumable.run"}
 
 
 def __getattr__(name: str) -> Any:
@@ -45,6 +48,7 @@ __all__ = [
     "CheckpointCallback",
     "CheckpointExistsError",
     "CheckpointInfo",
+    "CheckpointMismatchError",
     "CheckpointNotFoundError",
     "CorruptCheckpointError",
     "Manifest",

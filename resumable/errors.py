@@ -45,3 +45,7 @@ class CorruptCheckpointError(ResumableError):
 
 class UnsupportedFormatError(CorruptCheckpointError):
     """The manifest was written by a newer version of resumable."""
+
+
+class CheckpointMismatchError(ResumableError, ValueError):
+    """A checkpoint does not fit the model it is loaded into (architecture or optimizer)."""

