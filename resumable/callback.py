@@ -14,6 +14,7 @@ from typing import Any
 import keras
 
 from resumable import keras_io
+from resumable.display import human_size
 from resumable.errors import CheckpointExistsError, ResumableError
 from resumable.manifest import Manifest
 from resumable.naming import DEFAULT_TEMPLATE
@@ -68,7 +69,7 @@ class CheckpointCallback(keras.callbacks.Callback):
         initial_value_threshold: The value ``monitor`` must beat to count as the first best.
             Defaults to None.
         staging_dir: Local folder for serializing before the upload and for downloads on
-            resume. Defaults to ``<tempdir>/resumable/<hash of filepath>``.
+            resume. Defaults to ``<tempdir>/resumable-cache/<hash of filepath>``.
         storage_options: Passed to the fsspec filesystem, e.g. ``{"token": "anon"}``.
             Defaults to None.
     """
@@ -264,7 +265,7 @@ class CheckpointCallback(keras.callbacks.Callback):
         self._apply_retention()
         if self.verbose:
             size = self.last_checkpoint.manifest.total_size if self.last_checkpoint.manifest else 0
-            print(f"\nEpoch {epoch}: saved {self.last_checkpoint.url} ({_human(size)}, "
+            print(f"\nEpoch {epoch}: saved {self.last_checkpoint.url} ({human_size(size)}, "
                   f"{time.monotonic() - started:.1f} s)")
 
     def _commit(self, staging: Path, name: str, manifest: Manifest) -> CheckpointInfo:
@@ -355,7 +356,7 @@ class CheckpointCallback(keras.callbacks.Callback):
 
 
 def default_staging_dir(url: str) -> Path:
-    """``<tempdir>/resumable/<hash of the run URL>``: one local folder per run folder."""
+    """``<tempdir>/resumable-cache/<hash of the run URL>``: one local folder per run folder."""
     digest = hashlib.sha256(url.encode()).hexdigest()[:12]
     return Path(tempfile.gettempdir()) / "resumable-cache" / digest
 
@@ -404,15 +405,6 @@ def _check_save_freq(save_freq: Any) -> None:
         f"Invalid value for argument `save_freq`. Received: save_freq={save_freq!r}. "
         "Expected 'epoch' or a positive int."
     )
-
-
-def _human(size: int) -> str:
-    value = float(size)
-    for unit in ("B", "KB", "MB", "GB"):
-        if value < 1024 or unit == "GB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} GB"  # pragma: no cover
 
 
 __all__ = ["CheckpointCallback", "default_staging_dir"]

@@ -15,7 +15,8 @@ from pathlib import Path
 import fsspec
 import pytest
 
-from resumable.cli import format_table, human_size, main
+from resumable.cli import main
+from resumable.display import format_table, human_size
 from resumable.manifest import MANIFEST_NAME, Manifest
 from resumable.storage import RunStorage
 
