@@ -80,6 +80,11 @@ def _train(run: str) -> None:
 
     keras.utils.set_random_seed(0)
     run_ = resumable.resume(run, build_model=build_model, monitor="val_loss", keep_last=3, keep_best=1)
+    if run_.checkpoint is None:
+        print(f"new run: starting at epoch 1 of {EPOCHS}", flush=True)
+    else:
+        print(f"resumed from {run_.checkpoint.name}: {run_.initial_epoch} epochs done, "
+              f"continuing at epoch {run_.initial_epoch + 1} of {EPOCHS}", flush=True)
     # Slow each epoch down a little, so that the kill lands mid-training as on a real runtime.
     slow = keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: time.sleep(0.5))
     run_.fit(x, y, epochs=EPOCHS, batch_size=64, validation_split=0.2, callbacks=[slow], verbose=2)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -29,7 +30,9 @@ def test_demo_is_killed_resumes_and_finishes(tmp_path: Path) -> None:
     checkpoints = json.loads(listing.stdout)["checkpoints"]
     epochs = [c["epoch"] for c in checkpoints if c["status"] == "ok"]
     assert max(epochs) == EPOCHS
-    # The second session resumed: it did not start over at epoch 1.
-    resumed_at = [line for line in out.stdout.splitlines() if "resum" in line.lower() and "epoch" in line]
-    assert resumed_at, out.stdout[-3000:]
-    assert any(str(e) in resumed_at[-1] for e in range(KILL_AFTER_EPOCH, EPOCHS))
+    # The first session started afresh; the second resumed where the kill left it, not at epoch 1.
+    assert f"new run: starting at epoch 1 of {EPOCHS}" in out.stdout
+    resumed = re.search(r"resumed from ckpt-(\d+): (\d+) epochs done", out.stdout)
+    assert resumed, out.stdout[-3000:]
+    assert int(resumed.group(1)) == int(resumed.group(2))
+    assert KILL_AFTER_EPOCH <= int(resumed.group(2)) < EPOCHS
