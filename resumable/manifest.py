@@ -99,7 +99,7 @@ class Manifest:
         if version > FORMAT_VERSION:
             raise UnsupportedFormatError(
                 f"{where}: manifest format {version} is newer than this resumable supports "
-                f"({FORMAT_VERSION}); upgrade with `pip install -U resumable`"
+                f"({FORMAT_VERSION}); upgrade with `pip install -U keras-resumable`"
             )
         try:
             files = {

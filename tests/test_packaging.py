@@ -9,7 +9,7 @@ from importlib.metadata import requires
 
 def test_tensorflow_is_only_an_extra() -> None:
     # Colab's TPU runtimes ship without TensorFlow and installing it there breaks their JAX.
-    hard = [r for r in requires("resumable") or [] if "extra ==" not in r]
+    hard = [r for r in requires("keras-resumable") or [] if "extra ==" not in r]
     assert hard, "resumable declares no requirements at all"
     assert not [r for r in hard if r.lower().startswith("tensorflow")]
     assert any(r.startswith("keras") for r in hard)
