@@ -20,6 +20,7 @@ from resumable.manifest import Manifest
 from resumable.naming import DEFAULT_TEMPLATE
 from resumable.policy import Retention, is_better, plan, resolve_mode
 from resumable.storage import CheckpointInfo, RunStorage
+from resumable.uploader import Uploader
 
 logger = logging.getLogger("resumable")
 
@@ -72,6 +73,11 @@ class CheckpointCallback(keras.callbacks.Callback):
             resume. Defaults to ``<tempdir>/resumable-cache/<hash of filepath>``.
         storage_options: Passed to the fsspec filesystem, e.g. ``{"token": "anon"}``.
             Defaults to None.
+        async_upload: Upload in a background thread while training goes on: a save only
+            blocks training for the local serialization. At most one upload runs and one
+            waits; a newer checkpoint replaces the waiting one. The end of training (and an
+            exception leaving `Run.fit`, and interpreter exit) waits for the last upload.
+            False uploads inside the save. Defaults to True.
     """
 
     def __init__(
@@ -90,6 +96,7 @@ class CheckpointCallback(keras.callbacks.Callback):
         initial_value_threshold: float | None = None,
         staging_dir: str | Path | None = None,
         storage_options: dict[str, Any] | None = None,
+        async_upload: bool = True,
     ) -> None:
         super().__init__()
         _check_filepath(filepath)
@@ -105,7 +112,13 @@ class CheckpointCallback(keras.callbacks.Callback):
             raise ValueError(
                 f"Invalid value for argument `verbose`. Received: verbose={verbose!r}. Expected 0 or 1."
             )
+        if not isinstance(async_upload, bool):
+            raise ValueError(
+                f"Invalid value for argument `async_upload`. Received: async_upload={async_upload!r}. "
+                "Expected True or False."
+            )
         self.filepath = str(filepath)
+        self.async_upload = async_upload
         self.monitor = monitor
         self.mode = resolve_mode(monitor, mode)
         self.save_best_only = bool(save_best_only)
@@ -114,6 +127,10 @@ class CheckpointCallback(keras.callbacks.Callback):
         self.verbose = int(verbose)
         self.storage = RunStorage(self.filepath, filename=filename, storage_options=storage_options)
         self.staging_dir = Path(staging_dir) if staging_dir else default_staging_dir(self.storage.url)
+        # The newest committed checkpoint's files stay in staging_dir/committed; resume() does not
+        # read them (it checks the run folder's copy), they are a local copy to recover by hand.
+        self.uploader = Uploader(self.storage, commit=self._commit, on_commit=self._committed,
+                                 cache_dir=self.staging_dir / "committed", verbose=bool(verbose))
         self.best: float | None = None if initial_value_threshold is None else float(initial_value_threshold)
         self.history: list[dict[str, float]] = []  # per-epoch logs of every epoch of the run
         self.epochs_done = 0
@@ -132,6 +149,7 @@ class CheckpointCallback(keras.callbacks.Callback):
         self._batches = 0
         self._batch_in_epoch = 0
         self._epoch = 0
+        self._save_started = time.monotonic()
 
     def __repr__(self) -> str:
         return (
@@ -209,6 +227,16 @@ class CheckpointCallback(keras.callbacks.Callback):
         if self._pending_save is not None and self.model.stop_training:
             self.stopped_early = True
         self._save_pending()
+        self.wait_for_uploads()
+
+    def wait_for_uploads(self, timeout: float | None = None) -> bool:
+        """Block until the checkpoints saved so far are committed (or ``timeout`` seconds pass).
+
+        Prints what it waits for when ``verbose``. Raises the upload's error when the newest
+        checkpoint could not be committed; its local copy is kept and the next save retries.
+        Returns False on timeout.
+        """
+        return self.uploader.wait(timeout)
 
     # ------------------------------------------------------------------ saving
 
@@ -249,6 +277,8 @@ class CheckpointCallback(keras.callbacks.Callback):
         name = self.storage.template.format(epoch, step, logs, mid_epoch=batch > 0)
         logger.info("resumable: saving %s", name)
         staging = self.staging_dir / "staging" / name
+        if self.uploader.in_progress(name):
+            self.uploader.wait()  # the same name again (a re-run epoch): never rewrite files in flight
         shutil.rmtree(staging, ignore_errors=True)
         callback_states, arrays = keras_io.callback_states(self._siblings)
         state = self._state(callback_states, step, batch)
@@ -257,16 +287,23 @@ class CheckpointCallback(keras.callbacks.Callback):
             epoch=epoch, step=step, batch=batch, metrics=logs, versions=keras_io.versions(),
             state=self._summary(callback_states),
         )
-        try:
-            self.last_checkpoint = self._commit(staging, name, manifest)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
-        logger.info("resumable: saved %s", self.last_checkpoint.url)
+        self._save_started = started
+        if self.async_upload:
+            self.uploader.submit(staging, name, manifest)
+            logger.info("resumable: staged %s in %.2f s; uploading in the background", name,
+                        time.monotonic() - started)
+        else:
+            self.uploader.commit_now(staging, name, manifest)
+
+    def _committed(self, info: CheckpointInfo) -> None:
+        """After each commit, in the uploader's thread when uploading in the background."""
+        self.last_checkpoint = info
+        logger.info("resumable: saved %s", info.url)
         self._apply_retention()
         if self.verbose:
-            size = self.last_checkpoint.manifest.total_size if self.last_checkpoint.manifest else 0
-            print(f"\nEpoch {epoch}: saved {self.last_checkpoint.url} ({human_size(size)}, "
-                  f"{time.monotonic() - started:.1f} s)")
+            size = info.manifest.total_size if info.manifest else 0
+            print(f"\nEpoch {info.epoch}: saved {info.url} ({human_size(size)}, "
+                  f"{time.monotonic() - self._save_started:.1f} s)")
 
     def _commit(self, staging: Path, name: str, manifest: Manifest) -> CheckpointInfo:
         try:

@@ -13,7 +13,7 @@ import keras
 
 from resumable import keras_io
 from resumable.callback import CheckpointCallback
-from resumable.errors import CheckpointNotFoundError, CorruptCheckpointError
+from resumable.errors import CheckpointNotFoundError, CorruptCheckpointError, ResumableError
 from resumable.storage import CheckpointInfo
 
 logger = logging.getLogger("resumable")
@@ -91,11 +91,26 @@ class Run:
         self.callback.callbacks = everything
         self.callback.strategy = self.strategy
         try:
-            return self.model.fit(
+            history = self.model.fit(
                 *args, epochs=epochs, initial_epoch=self.initial_epoch, callbacks=everything, **kwargs
             )
+        except BaseException:
+            # Interrupted (KeyboardInterrupt, an error in a batch): Keras skips on_train_end, so
+            # land the checkpoints already saved before the exception goes on; never mask it.
+            self._finish_uploads(quiet=True)
+            raise
         finally:
             self.callback.callbacks = None
+        self._finish_uploads(quiet=False)
+        return history
+
+    def _finish_uploads(self, quiet: bool) -> None:
+        try:
+            self.callback.wait_for_uploads()
+        except ResumableError as e:
+            if not quiet:
+                raise
+            warnings.warn(f"resumable: {e}", stacklevel=3)
 
     def _done(self, message: str, kwargs: dict[str, Any]) -> keras.callbacks.History:
         if kwargs.get("verbose", 1):
@@ -152,7 +167,7 @@ def resume(
     for info in storage.newest_first():
         cache = cache_root / info.name
         try:
-            local = storage.fetch(info, cache)
+            local = storage.fetch(info, cache, progress=bool(callback.verbose))
         except CorruptCheckpointError as e:
             warnings.warn(f"resumable: {e}", stacklevel=2)
             damaged.add(info.name)

@@ -54,6 +54,7 @@ import fsspec  # noqa: E402  (after the environment default above)
 logger = logging.getLogger("resumable")
 
 READ_THREADS = 16  # manifests read at once from a blocking filesystem (local disk, Drive)
+PROGRESS_MIN_BYTES = 4 * 1024 * 1024  # files at least this big get a progress bar when asked
 
 DRIVE_MOUNT = "/content/drive/"
 COLAB_AUTH_HINT = "run `from google.colab import auth; auth.authenticate_user()` in Colab"
@@ -250,11 +251,14 @@ class RunStorage:
         blob = self._read(self._path(name, MANIFEST_NAME)) if MANIFEST_NAME in files else None
         return self._info(name, files, blob)
 
-    def fetch(self, checkpoint: CheckpointInfo | str, local_dir: str | Path) -> Path:
+    def fetch(
+        self, checkpoint: CheckpointInfo | str, local_dir: str | Path, *, progress: bool = False
+    ) -> Path:
         """Download a checkpoint into ``local_dir`` and check every file's size and CRC32C.
 
         Files already in ``local_dir`` with the right checksum are not downloaded again.
-        Raises CorruptCheckpointError if a file disagrees with the manifest.
+        Raises CorruptCheckpointError if a file disagrees with the manifest. ``progress`` shows
+        a tqdm bar with the throughput for files of ``PROGRESS_MIN_BYTES`` or more.
         """
         info = self.get(checkpoint) if isinstance(checkpoint, str) else checkpoint
         manifest = _require_manifest(info)
@@ -268,7 +272,9 @@ class RunStorage:
             partial = local.with_name(local.name + ".part")
             remote = self._path(info.name, rel)
             with self._errors(self._url(info.name, rel)):
-                self._call(lambda r=remote, p=partial: self.fs.get_file(r, str(p)), f"download {rel}")
+                what = f"download {rel}"
+                self._call(lambda r=remote, p=str(partial), n=entry.size, w=what: self._transfer(
+                    self.fs.get_file, r, p, n, progress, w), what)
             actual = FileEntry(partial.stat().st_size, crc32c_of_file(partial))
             if actual != entry:
                 partial.unlink()
@@ -300,12 +306,15 @@ class RunStorage:
 
     # ----------------------------------------------------------------- writing
 
-    def commit(self, local_dir: str | Path, name: str, manifest: Manifest) -> CheckpointInfo:
+    def commit(self, local_dir: str | Path, name: str, manifest: Manifest, *,
+               progress: bool = False) -> CheckpointInfo:
         """Copy the files under ``local_dir`` into folder ``name``, then write the manifest.
 
         The manifest records each file's size and CRC32C and is written last, create-only:
         a committed checkpoint is never overwritten (CheckpointExistsError). Leftovers of an
-        interrupted commit under the same name are removed first.
+        interrupted commit under the same name are removed first. Files are streamed, never
+        read whole into memory. ``progress`` shows a tqdm bar with the throughput for files of
+        ``PROGRESS_MIN_BYTES`` or more.
         """
         _check_name(name)
         source = Path(local_dir)
@@ -321,7 +330,7 @@ class RunStorage:
         entries = {rel: FileEntry(p.stat().st_size, crc32c_of_file(p)) for rel, p in files.items()}
         self._clear_leftovers(name)
         for rel, path in files.items():
-            self._upload(path, name, rel, entries[rel])
+            self._upload(path, name, rel, entries[rel], progress)
         manifest = replace(manifest, files=entries, created=now_iso())
         self._write_manifest(name, manifest.to_json())
         listed = {rel: ListedFile(e.size, e.crc32c, None) for rel, e in entries.items()}
@@ -491,13 +500,13 @@ class RunStorage:
             logger.info("resumable: removing leftovers of an interrupted save in %s", self._url(name))
         self.delete(name)
 
-    def _upload(self, local: Path, name: str, rel: str, entry: FileEntry) -> None:
+    def _upload(self, local: Path, name: str, rel: str, entry: FileEntry, progress: bool = False) -> None:
         remote = self._path(name, rel)
 
         def put_and_check() -> None:
             if self.is_local:
                 os.makedirs(os.path.dirname(remote), exist_ok=True)
-            self.fs.put_file(str(local), remote)
+            self._transfer(self.fs.put_file, str(local), remote, entry.size, progress, f"upload {rel}")
             if self.is_local:
                 _fsync(remote)  # on disk before the manifest that vouches for it
             listed = _listed_file(self.fs.info(remote))
@@ -508,6 +517,25 @@ class RunStorage:
 
         with self._errors(self._url(name, rel)):
             self._call(put_and_check, f"upload {rel}")
+
+    def _transfer(self, method: Any, source: str, target: str, size: int, progress: bool, what: str) -> None:
+        """``fs.put_file`` or ``fs.get_file``, with a progress bar for big files when asked."""
+        if not progress or size < PROGRESS_MIN_BYTES:
+            method(source, target)
+            return
+        from fsspec.callbacks import TqdmCallback
+
+        callback = TqdmCallback(tqdm_kwargs={
+            "desc": f"resumable: {what}", "unit": "B", "unit_scale": True, "unit_divisor": 1024,
+            "leave": False, "mininterval": 0.5,
+        })
+        try:
+            callback.set_size(size)
+            method(source, target, callback=callback)
+            if callback.value < size:  # local copies ignore the callback
+                callback.absolute_update(size)
+        finally:
+            callback.close()
 
     def _write_manifest(self, name: str, data: bytes) -> None:
         path = self._path(name, MANIFEST_NAME)
