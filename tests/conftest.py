@@ -7,6 +7,7 @@ import os
 # Before anything imports gcsfs: its gRPC bucket probe stalls ~60 s against an emulator.
 os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"
 
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +17,23 @@ import pytest
 from fake_gcs import fake_gcs_server, point_gcs_clients_at
 
 BACKENDS = ["local", "memory", "gcs"]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _private_tempdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Staging folders default to <tempdir>/resumable-cache: keep this run's inside pytest's tmp.
+
+    Set in the environment too, so training subprocesses and notebook kernels use it.
+    """
+    saved = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = str(tmp_path_factory.mktemp("tmp"))
+    tempfile.tempdir = None  # recomputed from TMPDIR on next use
+    yield
+    if saved is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = saved
+    tempfile.tempdir = None
 
 
 @pytest.fixture(scope="session")
