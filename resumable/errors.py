@@ -31,6 +31,10 @@ class NotAuthenticatedError(StorageError, PermissionError):
     """No usable Google Cloud credentials."""
 
 
+class NoSpaceError(StorageError):
+    """The disk, the Drive quota or the staging folder is full; the message says how much is needed."""
+
+
 class CheckpointNotFoundError(ResumableError, FileNotFoundError):
     """No (good) checkpoint matches what was asked for."""
 
@@ -49,3 +53,11 @@ class UnsupportedFormatError(CorruptCheckpointError):
 
 class CheckpointMismatchError(ResumableError, ValueError):
     """A checkpoint does not fit the model it is loaded into (architecture or optimizer)."""
+
+
+class LeaseHeldError(ResumableError):
+    """Another process holds the run folder's writer lease; the message names it and how to take over."""
+
+
+class LeaseLostError(ResumableError):
+    """This process's writer lease was taken over (or removed): it stops writing to the run folder."""

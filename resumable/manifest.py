@@ -40,6 +40,10 @@ class Manifest:
         created: UTC time of the commit, ISO 8601.
         versions: Versions of resumable, keras and the backend that wrote it.
         state: Free-form JSON state (callback state, history summary, ...).
+        processes: Processes that trained the run (``jax.process_count()``, the workers of a
+            ``tf.distribute`` cluster); None in manifests written before it was recorded.
+        devices: Devices the model was trained on (the distribution's mesh, the strategy's
+            replicas); None when unknown. The files hold whole arrays, so any count can restore.
     """
 
     epoch: int
@@ -50,6 +54,8 @@ class Manifest:
     created: str = ""
     versions: dict[str, str] = field(default_factory=dict)
     state: dict[str, Any] = field(default_factory=dict)
+    processes: int | None = None
+    devices: int | None = None
     format_version: int = FORMAT_VERSION
 
     @property
@@ -63,8 +69,9 @@ class Manifest:
         except ValueError:
             return None
 
-    def to_json(self) -> bytes:
-        data = {
+    def to_dict(self) -> dict[str, Any]:
+        """The manifest as JSON-able data (also the run index's entry for this checkpoint)."""
+        data: dict[str, Any] = {
             "format": FORMAT_NAME,
             "format_version": self.format_version,
             "epoch": self.epoch,
@@ -79,7 +86,14 @@ class Manifest:
             "versions": self.versions,
             "state": self.state,
         }
-        return json.dumps(data, indent=2, sort_keys=False).encode() + b"\n"
+        # Optional fields, added within format 1: absent when unknown, ignored by older readers.
+        for key in ("processes", "devices"):
+            if getattr(self, key) is not None:
+                data[key] = getattr(self, key)
+        return data
+
+    def to_json(self) -> bytes:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=False).encode() + b"\n"
 
     @classmethod
     def from_json(cls, data: bytes, where: str) -> Manifest:
@@ -91,6 +105,11 @@ class Manifest:
                 f"{where}: manifest is not valid JSON ({e}); the checkpoint is unusable, "
                 "delete it with `resumable prune` or by hand"
             ) from e
+        return cls.from_dict(raw, where)
+
+    @classmethod
+    def from_dict(cls, raw: Any, where: str) -> Manifest:
+        """Check and convert parsed manifest JSON; ``where`` names it in errors."""
         if not isinstance(raw, dict) or raw.get("format") != FORMAT_NAME:
             raise CorruptCheckpointError(f"{where}: not a resumable manifest")
         version = raw.get("format_version")
@@ -121,6 +140,8 @@ class Manifest:
                 created=str(raw.get("created", "")),
                 versions={str(k): str(v) for k, v in raw.get("versions", {}).items()},
                 state=dict(raw.get("state", {})),
+                processes=_optional_count(raw, "processes"),
+                devices=_optional_count(raw, "devices"),
                 format_version=version,
             )
         except (KeyError, TypeError, ValueError, AttributeError) as e:
@@ -139,6 +160,15 @@ def _is_safe_relative(name: str) -> bool:
         and all(part not in ("", ".", "..") for part in parts)
         and name != MANIFEST_NAME
     )
+
+
+def _optional_count(raw: dict[str, Any], key: str) -> int | None:
+    value = raw.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{key} must be a positive integer, got {value!r}")
+    return value
 
 
 def now_iso() -> str:

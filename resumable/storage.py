@@ -5,6 +5,7 @@ Layout of a run folder (local, a Google Drive mount, ``gs://bucket/prefix`` or `
     <run>/ckpt-000003/model.keras
     <run>/ckpt-000003/state.json
     <run>/ckpt-000003/manifest.json     <- written last: its presence commits the checkpoint
+    <run>/index.json                    <- copies of the manifests, for a two-request `list`
 
 Nothing is renamed and nothing is rewritten in place: GCS has no atomic rename and renames on
 Drive's FUSE mount are unreliable. A folder without a manifest is an interrupted commit
@@ -14,12 +15,15 @@ is ever used as the latest checkpoint.
 
 from __future__ import annotations
 
+import asyncio
 import builtins
 import contextlib
 import errno
+import json
 import logging
 import os
 import shutil
+import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -28,11 +32,14 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from resumable import index as run_index
 from resumable.checksum import CHUNK_SIZE, crc32c_from_gcs, crc32c_of_chunks, crc32c_of_file
+from resumable.display import human_size
 from resumable.errors import (
     CheckpointExistsError,
     CheckpointNotFoundError,
     CorruptCheckpointError,
+    NoSpaceError,
     NotAFolderError,
     NotAuthenticatedError,
     ResumableError,
@@ -55,6 +62,8 @@ logger = logging.getLogger("resumable")
 
 READ_THREADS = 16  # manifests read at once from a blocking filesystem (local disk, Drive)
 PROGRESS_MIN_BYTES = 4 * 1024 * 1024  # files at least this big get a progress bar when asked
+NO_SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})  # disk full, over quota, file too big
+QUICK_FALLBACK_FOLDERS = 8  # more folders missing from the run index: one recursive listing instead
 
 DRIVE_MOUNT = "/content/drive/"
 COLAB_AUTH_HINT = "run `from google.colab import auth; auth.authenticate_user()` in Colab"
@@ -89,6 +98,8 @@ class CheckpointInfo:
     manifest: Manifest | None = None
     problem: str = ""
     listed: dict[str, ListedFile] = field(default_factory=dict, repr=False)
+    # False when the status and ``listed`` come from the run index, not from a listing of the folder
+    checked: bool = True
 
     @property
     def ok(self) -> bool:
@@ -104,11 +115,12 @@ class CheckpointInfo:
 
     @property
     def metrics(self) -> dict[str, float]:
-        return dict(self.manifest.metrics) if self.manifest else {}
+        """The manifest's metrics (not a copy: listing many checkpoints reads them often)."""
+        return self.manifest.metrics if self.manifest else {}
 
     @property
     def size(self) -> int:
-        """Bytes stored in the folder now."""
+        """Bytes stored in the folder now (as the run index records them when not ``checked``)."""
         return sum(f.size for f in self.listed.values())
 
     @property
@@ -160,8 +172,12 @@ class RunStorage:
         self.retry = retry or RetryPolicy()
         try:
             self.fs, root = fsspec.core.url_to_fs(self.url, **(storage_options or {}))
-        except (ImportError, ValueError) as e:
-            raise ResumableError(f"{self.url}: cannot open this URL ({e})") from e
+        except Exception as e:
+            if type(e).__module__.startswith("google.auth"):  # gcsfs loads credentials here
+                raise _translate(e, self.url, self) from e
+            if isinstance(e, (ImportError, ValueError)):
+                raise ResumableError(f"{self.url}: cannot open this URL ({e})") from e
+            raise
         self.root = root.rstrip("/") or root
         self.is_local = _is_local(self.fs)
         self.is_gcs = "gs" in _protocols(self.fs)
@@ -186,12 +202,19 @@ class RunStorage:
                 return os.path.isdir(self.root)
             return bool(self._list_files()) or self._call(lambda: self.fs.isdir(self.root), "stat")
 
-    def list(self) -> list[CheckpointInfo]:
+    def list(self, *, check_files: bool = True) -> list[CheckpointInfo]:
         """Every checkpoint folder with its status, oldest first.
 
-        One listing, then every manifest read at once (concurrently where the
-        filesystem supports it, as gcsfs does).
+        With ``check_files`` (the default): one recursive listing, then every manifest read at
+        once (concurrently where the filesystem supports it, as gcsfs does), and each file's
+        size (and CRC32C on GCS) checked against its manifest. Without: one listing of the
+        folder's names plus the run index, two requests whatever the number of checkpoints;
+        folders missing from the index are checked as above. Such infos have
+        ``checked=False``: their status says the manifest was committed, not that the files
+        are still there (``verify`` re-reads them).
         """
+        if not check_files:
+            return self._quick_list()
         listing = self._listing()
         names = sorted(listing)
         paths = [self._path(name, MANIFEST_NAME) for name in names if MANIFEST_NAME in listing[name]]
@@ -329,10 +352,19 @@ class RunStorage:
             raise ResumableError(f"{source}: no files to commit as {self._url(name)}")
         entries = {rel: FileEntry(p.stat().st_size, crc32c_of_file(p)) for rel, p in files.items()}
         self._clear_leftovers(name)
-        for rel, path in files.items():
-            self._upload(path, name, rel, entries[rel], progress)
         manifest = replace(manifest, files=entries, created=now_iso())
-        self._write_manifest(name, manifest.to_json())
+        try:
+            for rel, path in files.items():
+                self._upload(path, name, rel, entries[rel], progress)
+            self._write_manifest(name, manifest.to_json())
+        except NoSpaceError as e:
+            needed = human_size(sum(entry.size for entry in entries.values()))
+            raise NoSpaceError(
+                f"{self._url(name)}: no space left to commit this checkpoint ({needed} needed"
+                f"{_free_space(self.root) if self.is_local else ''}); older checkpoints are kept: "
+                "free space (empty Drive's trash), lower keep_last, or choose another folder"
+            ) from e
+        self._update_index(add={name: manifest})
         listed = {rel: ListedFile(e.size, e.crc32c, None) for rel, e in entries.items()}
         return CheckpointInfo(name, self._url(name), Status.OK, manifest, listed=listed)
 
@@ -341,6 +373,8 @@ class RunStorage:
         name = checkpoint if isinstance(checkpoint, str) else checkpoint.name
         _check_name(name)
         files = self._listing(self._path(name)).get(name, {})
+        if MANIFEST_NAME in files:
+            self._update_index(remove=name)  # before the manifest goes: the index never outlives it
         ordered = sorted(files, key=lambda rel: rel != MANIFEST_NAME)
         for rel in ordered:
             path = self._path(name, rel)
@@ -414,6 +448,124 @@ class RunStorage:
             grouped.setdefault(name, {})[rel] = _listed_file(detail)
         return grouped
 
+    def _quick_list(self) -> builtins.list[CheckpointInfo]:
+        """Checkpoints from one listing of folder names plus the run index (see `list`)."""
+        names, index_blob = self._names_and_index()
+        indexed = run_index.decode(index_blob) if names else {}
+        infos = []
+        unindexed = []
+        for name in names:
+            entry = indexed.get(name)
+            if entry is None:
+                unindexed.append(name)
+                continue
+            try:
+                manifest = Manifest.from_dict(entry["manifest"], self._url(name, MANIFEST_NAME))
+                recorded = {rel: ListedFile(e.size, e.crc32c, None) for rel, e in manifest.files.items()}
+                recorded[MANIFEST_NAME] = ListedFile(int(entry["manifest_size"]), None, None)
+            except (ResumableError, KeyError, TypeError, ValueError):
+                unindexed.append(name)  # not indexed, or a bad entry: the folder's own manifest decides
+                continue
+            url = self._url(name)
+            infos.append(CheckpointInfo(name, url, Status.OK, manifest, listed=recorded, checked=False))
+        if len(unindexed) > QUICK_FALLBACK_FOLDERS:  # an old run without an index: one recursive listing
+            wanted = set(unindexed)
+            infos += [info for info in self.list() if info.name in wanted]
+        else:
+            for name in unindexed:
+                files = self._listing(self._path(name)).get(name)
+                if not files:
+                    continue  # an empty folder is no checkpoint, as in the full listing
+                blob = self._read(self._path(name, MANIFEST_NAME)) if MANIFEST_NAME in files else None
+                infos.append(self._info(name, files, blob))
+        return sorted(infos, key=self._order)
+
+    def _names_and_index(self) -> tuple[builtins.list[str], bytes | None]:
+        """The folder names (one delimiter listing) and the run index, read at once where possible."""
+        if not getattr(self.fs, "async_impl", False) or not hasattr(self.fs, "_ls"):
+            return self._folder_names(), self._read_index()
+        from fsspec.asyn import sync
+
+        async def both() -> tuple[Any, Any]:
+            return await asyncio.gather(
+                self.fs._ls(self.root, detail=True), self.fs._cat_file(self._path(run_index.INDEX_NAME)),
+                return_exceptions=True,
+            )
+
+        if self.is_gcs:
+            self.fs.invalidate_cache(self.root)  # another process may have written since
+        entries, blob = sync(self.fs.loop, both)
+        if isinstance(entries, Exception) or isinstance(blob, Exception) and not isinstance(
+            blob, FileNotFoundError
+        ):
+            return self._folder_names(), self._read_index()  # again, one by one, with retries
+        return self._folder_names(entries), None if isinstance(blob, Exception) else bytes(blob)
+
+    def _folder_names(self, entries: builtins.list[dict[str, Any]] | None = None) -> builtins.list[str]:
+        """The names of the folders directly in the run folder: one delimiter listing."""
+        if entries is None:
+            with self._errors(self.url):
+                if self.is_gcs:
+                    self.fs.invalidate_cache(self.root)  # another process may have written since
+                try:
+                    entries = self._call(lambda: self.fs.ls(self.root, detail=True), "list")
+                except FileNotFoundError:
+                    if self.is_gcs:
+                        self._list_files()  # tells a missing bucket (an error) from an empty prefix
+                    return []
+        names = []
+        for entry in entries:
+            path = _strip(entry["name"], self.fs)
+            if entry.get("type") != "directory":
+                if path == self.root:
+                    raise NotAFolderError(
+                        f"{self.url} is a file, not a run folder; pass the folder that holds the checkpoints"
+                    )
+                continue
+            name = path.rsplit("/", 1)[-1]
+            if path != self.root and name:
+                names.append(name)
+        return names
+
+    def _read_index(self) -> bytes | None:
+        blob = self._read(self._path(run_index.INDEX_NAME))
+        return None if isinstance(blob, Exception) else blob
+
+    def _update_index(self, add: dict[str, Manifest] | None = None, remove: str | None = None) -> None:
+        """Rewrite the run index after a commit or before a delete.
+
+        A commit that cannot update it is still committed (listing then reads its manifest),
+        so that failure is a warning. A delete that cannot update it does not delete: the
+        index would vouch for a folder whose manifest is gone.
+        """
+        path = self._path(run_index.INDEX_NAME)
+        try:
+            with self._errors(self._url(run_index.INDEX_NAME)):
+                entries = run_index.decode(self._read_index())
+                if remove is not None:
+                    if remove not in entries:
+                        return
+                    del entries[remove]
+                for name, manifest in (add or {}).items():
+                    entries[name] = {"manifest": manifest.to_dict(), "manifest_size": len(manifest.to_json())}
+                data = run_index.encode(entries)
+                self._call(lambda: self._replace_file(path, data), "write index")
+        except ResumableError as e:
+            if remove is not None:
+                raise
+            logger.warning("resumable: could not update the run index (listing reads the manifests): %s", e)
+
+    def _replace_file(self, path: str, data: bytes) -> None:
+        """Overwrite a small file in one step: readers see the old or the new bytes, never a mix."""
+        if not self.is_local:
+            self.fs.pipe_file(path, data)  # one object write: atomic on GCS
+            return
+        temporary = f"{path}.{os.getpid()}.tmp"
+        with self.fs.open(temporary, "wb") as f:
+            f.write(data)
+        _fsync(temporary)
+        os.replace(temporary, path)  # a crash leaves the old index and a stray .tmp, never half an index
+
     def _cat_or_error(self, path: str) -> bytes | Exception:
         try:
             return bytes(self.fs.cat_file(path))
@@ -486,7 +638,19 @@ class RunStorage:
     def _clear_leftovers(self, name: str) -> None:
         files = self._listing(self._path(name)).get(name)
         if not files:
-            return
+            # Listings can lag behind writes (Drive seen from another VM): a manifest that reads
+            # back is committed, even when no listing shows it yet. Never write over its files.
+            manifest_path = self._path(name, MANIFEST_NAME)
+            try:
+                with self._errors(self._url(name, MANIFEST_NAME)):
+                    self._call(lambda: self.fs.info(manifest_path), "stat manifest")
+            except FileNotFoundError:
+                return
+            raise CheckpointExistsError(
+                f"{self._url(name)} is already committed (by another process, not listed yet) and resumable "
+                "never overwrites a checkpoint; continue the run with resumable.resume() or write to a "
+                "new folder"
+            )
         if MANIFEST_NAME in files:
             blob = self._read(self._path(name, MANIFEST_NAME))
             info = self._info(name, files, blob)
@@ -516,7 +680,7 @@ class RunStorage:
                 raise OSError(errno.EIO, f"uploaded copy differs: {_mismatch(entry, found)}")
 
         with self._errors(self._url(name, rel)):
-            self._call(put_and_check, f"upload {rel}")
+            self._call(put_and_check, f"upload {name}/{rel}")
 
     def _transfer(self, method: Any, source: str, target: str, size: int, progress: bool, what: str) -> None:
         """``fs.put_file`` or ``fs.get_file``, with a progress bar for big files when asked."""
@@ -562,6 +726,13 @@ class RunStorage:
             raise CheckpointExistsError(
                 f"{url} appeared while committing: another process is writing this run folder"
             ) from e
+        # Read it back: a write cut short without an error must not report a commit. The
+        # damaged manifest makes the folder corrupt (never used); the next save replaces it.
+        stored = self._read(path)
+        if stored != data:
+            found = f"{len(stored)} of {len(data)} bytes" if isinstance(stored, bytes) else str(stored)
+            raise StorageError(f"{url}: the manifest did not land intact ({found}); not committed, "
+                               "the next save tries again")
 
     @contextlib.contextmanager
     def _errors(self, where: str) -> Iterator[None]:
@@ -572,6 +743,156 @@ class RunStorage:
             raise
         except Exception as e:
             raise _translate(e, where, self) from e
+
+    # ----------------------------------------------------------------- small files in the run folder
+    # Compare-and-swap on one small file directly in the run folder (the writer's lease,
+    # resumable.lease): never a checkpoint, since listings skip files there. A version names
+    # what was read or written: the object's generation on GCS, the bytes themselves elsewhere.
+
+    _run_file_lock = threading.Lock()  # memory:// and other backends without preconditions
+
+    def read_run_file(self, name: str) -> tuple[bytes, Any] | None:
+        """``(bytes, version)`` of file ``name`` directly in the run folder, or None if absent."""
+        path = self._run_file_path(name)
+
+        def read() -> tuple[bytes, Any]:
+            if self.is_gcs:
+                bucket, key, _ = self.fs.split_path(path)
+                headers, data = self.fs.call("GET", "b/{}/o/{}", bucket, key, alt="media")
+                generation = headers.get("X-Goog-Generation") or self.fs.info(path).get("generation")
+                return bytes(data), str(generation)
+            data = bytes(self.fs.cat_file(path))
+            return data, data
+
+        try:
+            with self._errors(self._url(name)):
+                result: tuple[bytes, Any] = self._call(read, f"read {name}")
+                return result
+        except FileNotFoundError:
+            return None
+
+    def create_run_file(self, name: str, data: bytes) -> Any | None:
+        """Create file ``name`` holding ``data`` only if it is absent; its version, or None if present.
+
+        Readers never see it half-written: GCS' ``ifGenerationMatch=0``; locally a hard link
+        of a complete temporary file (exclusive create where links are unsupported).
+        """
+        path = self._run_file_path(name)
+
+        def create() -> Any:
+            if self.is_gcs:
+                return self._gcs_write(path, data, 0)
+            if self.is_local:
+                _create_whole(path, data)
+            else:
+                self.fs.pipe_file(path, data, mode="create")
+            return data
+
+        try:
+            with self._errors(self._url(name)):
+                return self._call(create, f"create {name}")
+        except FileExistsError:
+            return None
+
+    def replace_run_file(self, name: str, data: bytes, version: Any) -> Any | None:
+        """Replace file ``name`` with ``data`` only if it still is ``version``; the new version, or None."""
+        path = self._run_file_path(name)
+
+        def swap() -> Any:
+            if self.is_gcs:
+                return self._gcs_write(path, data, int(version))
+            with self._run_file_locked(path):
+                if self._current(path) != version:
+                    return None
+                self._replace_file(path, data)
+                if self.is_local:
+                    _fsync(os.path.dirname(path))
+                return data
+
+        try:
+            with self._errors(self._url(name)):
+                return self._call(swap, f"replace {name}")
+        except (FileExistsError, FileNotFoundError):  # 412: another generation, or none
+            return None
+
+    def delete_run_file(self, name: str, version: Any) -> bool:
+        """Delete file ``name`` only if it still is ``version``; False when it changed or is gone."""
+        path = self._run_file_path(name)
+
+        def delete() -> bool:
+            if self.is_gcs:
+                bucket, key, _ = self.fs.split_path(path)
+                found = self.read_run_file(name)
+                if found is None or found[1] != version:
+                    return False
+                self.fs.call("DELETE", "b/{}/o/{}", bucket, key, ifGenerationMatch=str(version))
+                self.fs.invalidate_cache(path)
+                return True
+            with self._run_file_locked(path):
+                if self._current(path) != version:
+                    return False
+                self.fs.rm_file(path)
+                return True
+
+        try:
+            with self._errors(self._url(name)):
+                deleted: bool = self._call(delete, f"delete {name}")
+                return deleted
+        except (FileExistsError, FileNotFoundError):
+            return False
+
+    def _run_file_path(self, name: str) -> str:
+        _check_name(name)
+        return self._path(name)
+
+    def _current(self, path: str) -> bytes | None:
+        try:
+            return bytes(self.fs.cat_file(path))
+        except FileNotFoundError:
+            return None
+
+    @contextlib.contextmanager
+    def _run_file_locked(self, path: str) -> Iterator[None]:
+        """Read-compare-write without a writer in between: flock on the folder locally, else a lock."""
+        if not self.is_local:
+            with self._run_file_lock:
+                yield
+            return
+        try:
+            import fcntl
+        except ImportError:  # not POSIX: the window is a few microseconds
+            yield
+            return
+        folder = os.path.dirname(path)
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            with contextlib.suppress(OSError):  # some FUSE mounts cannot lock: go on without
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+
+    def _gcs_write(self, path: str, data: bytes, generation: int) -> str:
+        """One object write with ``ifGenerationMatch`` (0: only if absent); the new generation.
+
+        gcsfs' pipe_file only offers the create-only precondition, so this sends its multipart
+        request with any generation. A mismatch is HTTP 412, which gcsfs raises as FileExistsError.
+        """
+        from urllib.parse import quote
+
+        bucket, key, _ = self.fs.split_path(path)
+        meta = json.dumps({"name": key, "contentType": "application/json"})
+        body = (
+            "--==0==\nContent-Type: application/json; charset=UTF-8\n\n" + meta
+            + "\n--==0==\nContent-Type: application/json\n\n"
+        ).encode() + data + b"\n--==0==--"
+        answer = self.fs.call(
+            "POST", f"{self.fs._location}/upload/storage/v1/b/{quote(bucket)}/o",
+            uploadType="multipart", headers={"Content-Type": 'multipart/related; boundary="==0=="'},
+            data=body, json_out=True, ifGenerationMatch=str(generation),
+        )
+        self.fs.invalidate_cache(path)
+        return str(answer["generation"])
 
 
 class _BoundedRequest:
@@ -617,9 +938,23 @@ def _translate(e: Exception, where: str, storage: RunStorage) -> Exception:
         return RunNotFoundError(f"{where}: not found")
     if isinstance(e, FileExistsError):
         return e  # handled by the caller
-    if isinstance(e, OSError) and e.errno == errno.ENOSPC:
-        return StorageError(f"{where}: no space left on the device; free space or choose another folder")
+    if isinstance(e, OSError) and e.errno in NO_SPACE_ERRNOS:
+        free = _free_space(storage.root) if storage.is_local else ""
+        return NoSpaceError(
+            f"{where}: no space left on the device{free}; free space or choose another folder"
+        )
     return StorageError(f"{where}: {detail}")
+
+
+def _free_space(path: str) -> str:
+    """``", 1.2 MB free"`` for the disk holding ``path`` (or its nearest existing parent), else ``""``."""
+    folder = os.path.abspath(path)
+    while not os.path.exists(folder) and os.path.dirname(folder) != folder:
+        folder = os.path.dirname(folder)
+    try:
+        return f", {human_size(shutil.disk_usage(folder).free)} free"
+    except OSError:
+        return ""
 
 
 def _listed_file(detail: dict[str, Any]) -> ListedFile:
@@ -645,6 +980,27 @@ def _partial_newer_than(
     partial = [name for name, files in listing.items() if MANIFEST_NAME not in files]
     keys = {name: template.parse(name) for name in partial}
     return sorted(n for n, k in keys.items() if k is not None and (newest is None or k > newest))
+
+
+def _create_whole(path: str, data: bytes) -> None:
+    """Create ``path`` holding ``data``; FileExistsError if it exists. Never seen half-written."""
+    folder = os.path.dirname(path)
+    os.makedirs(folder, exist_ok=True)
+    temporary = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+    with open(temporary, "wb") as f:
+        f.write(data)
+    _fsync(temporary)
+    try:
+        os.link(temporary, path)  # exclusive, and the content is complete before the name appears
+    except FileExistsError:
+        raise
+    except OSError:  # no hard links (some FUSE mounts): exclusive create, then write
+        with open(path, "xb") as f:
+            f.write(data)
+        _fsync(path)
+    finally:
+        os.unlink(temporary)
+    _fsync(folder)
 
 
 def _fsync(path: str) -> None:

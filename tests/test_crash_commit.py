@@ -27,17 +27,19 @@ job: Any = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(job)
 
 N = job.WRITES_PER_COMMIT
-MANIFEST_WRITE = N
+MANIFEST_WRITE = job.MANIFEST_WRITE
+INDEX_WRITE = N  # the run index is rewritten after the manifest: the checkpoint is committed by then
 # Every write position of a commit; "after" the last write means the commit did finish.
 CASES = [(k, "before") for k in range(1, N + 1)] + [(k, "torn") for k in range(1, N + 1)] + [(N, "after")]
 # The child-process variant costs a Python start each: every "before", a torn payload file,
 # a torn manifest and the control case that dies right after the manifest landed.
-KILL_CASES = [(k, "before") for k in range(1, N + 1)] + [(1, "torn"), (N, "torn"), (N, "after")]
+KILL_CASES = [(k, "before") for k in range(1, N + 1)] + [
+    (1, "torn"), (MANIFEST_WRITE, "torn"), (MANIFEST_WRITE, "after"), (N, "torn"), (N, "after")]
 
 
 def expected_status(k: int, mode: str) -> Status | None:
     """What list() must say about checkpoint 2 after dying at write k (None: absent)."""
-    if mode == "after" and k == MANIFEST_WRITE:
+    if mode == "after" and k == MANIFEST_WRITE or k == INDEX_WRITE:
         return Status.OK
     if k == MANIFEST_WRITE and mode == "torn":
         return Status.CORRUPT  # half a manifest: not valid JSON
@@ -49,6 +51,9 @@ def expected_status(k: int, mode: str) -> Status | None:
 def check_after_crash(url: str, tmp_path: Path, k: int, mode: str) -> None:
     storage = RunStorage(url, retry=RetryPolicy(attempts=2, initial_delay=0.001))
     statuses = {info.name: info for info in storage.list()}
+    # The quick listing (names + run index) agrees with the full one after any crash.
+    quick = {info.name: info.status for info in storage.list(check_files=False)}
+    assert quick == {name: info.status for name, info in statuses.items()}
     want = expected_status(k, mode)
     assert statuses["ckpt-000001"].status is Status.OK
     if want is None:
@@ -88,8 +93,9 @@ def test_a_clean_commit_makes_exactly_the_writes_we_parametrize_over(
     log = job.wrap_writes(storage.fs, 0, "before", job.raise_fault, monkeypatch.setattr)
     storage.commit(job.stage(tmp_path / "s", 1), "ckpt-000001", Manifest(epoch=1))
     assert len(log) == N, log
-    assert log[-1].endswith("ckpt-000001/manifest.json")  # the manifest is the last write
-    assert sorted(line.split("ckpt-000001/")[1] for line in log[:-1]) == sorted(job.PAYLOAD)
+    assert log[-2].endswith("ckpt-000001/manifest.json")  # the manifest commits, after every payload file
+    assert "/index.json" in log[-1]  # then the run index
+    assert sorted(line.split("ckpt-000001/")[1] for line in log[:-2]) == sorted(job.PAYLOAD)
 
 
 @pytest.mark.parametrize(("k", "mode"), CASES, ids=[f"{m}-write{k}" for k, m in CASES])
@@ -99,6 +105,12 @@ def test_exception_at_any_write_leaves_previous_latest(
     storage = RunStorage(run_url)
     storage.commit(job.stage(tmp_path / "s1", 1), "ckpt-000001", Manifest(epoch=1, step=100))
     log = job.wrap_writes(storage.fs, k, mode, job.raise_fault, monkeypatch.setattr)
+    if k == INDEX_WRITE:
+        # The manifest landed: the commit stands, the index failure is only a warning.
+        assert storage.commit(job.stage(tmp_path / "s2", 2), "ckpt-000002", Manifest(epoch=2, step=200)).ok
+        monkeypatch.undo()
+        assert [i.name for i in storage.list(check_files=False)] == ["ckpt-000001", "ckpt-000002"]
+        return
     with pytest.raises(StorageError) as caught:
         storage.commit(job.stage(tmp_path / "s2", 2), "ckpt-000002", Manifest(epoch=2, step=200))
     assert isinstance(caught.value.__cause__, job.InjectedFault)

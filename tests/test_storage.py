@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import random
@@ -313,6 +314,66 @@ def test_latest_costs_one_listing_and_one_manifest_read(
         assert http == 2  # one object listing (up to 1,000 objects a page), one GET of the manifest
 
 
+def summary(infos: Any) -> list[tuple[Any, ...]]:
+    return [(i.name, i.status, i.epoch, i.step, i.size, i.metrics, i.created) for i in infos]
+
+
+@pytest.mark.parametrize("count", [3, 12])
+def test_quick_list_costs_two_requests_and_agrees_with_the_full_one(
+    storage: RunStorage, tmp_path: Path, fs_calls: Any, count: int
+) -> None:
+    for epoch in range(1, count + 1):
+        commit(storage, tmp_path, f"ckpt-{epoch:06d}", Manifest(epoch=epoch, step=epoch * 7,
+                                                               metrics={"loss": 1 / epoch}))
+    full = storage.list()
+    calls = fs_calls(storage)
+    quick = storage.list(check_files=False)
+    http = calls.pop("http", None)
+    if storage.is_gcs:
+        assert http == 2  # the folder names and the run index, sent together
+    else:
+        assert calls == Counter(ls=1, cat_file=1)
+    assert summary(quick) == summary(full)
+    assert not any(i.checked for i in quick) and all(i.checked for i in full)
+
+
+def test_quick_list_without_a_usable_index_reads_the_manifests(storage: RunStorage, tmp_path: Path) -> None:
+    """An old run, a lost or garbled index: the same answer, only slower."""
+    for epoch in range(1, 13):  # more than QUICK_FALLBACK_FOLDERS: one recursive listing
+        commit(storage, tmp_path, f"ckpt-{epoch:06d}", Manifest(epoch=epoch))
+    full = summary(storage.list())
+    for damage in (b"not json", b'{"format": "resumable.index", "format_version": 99}', None):
+        if damage is None:
+            storage.fs.rm_file(f"{storage.root}/index.json")
+        else:
+            put_raw(storage, damage, "index.json")
+        assert summary(storage.list(check_files=False)) == full
+        assert all(i.checked for i in storage.list(check_files=False))
+
+
+def test_quick_list_drops_folders_gone_and_checks_folders_not_indexed(
+    storage: RunStorage, tmp_path: Path
+) -> None:
+    for epoch in (1, 2, 3):
+        commit(storage, tmp_path, f"ckpt-{epoch:06d}", Manifest(epoch=epoch))
+    storage.fs.rm(f"{storage.root}/ckpt-000002", recursive=True)  # deleted by hand: still in the index
+    put_raw(storage, b"x", "ckpt-000004", "model.keras")  # an interrupted commit: not in the index
+    put_raw(storage, b"{", "ckpt-000005", "model.keras")
+    put_raw(storage, b'{"format": "resumable.checkpoint", "format_version": 7}', "ckpt-000005", MANIFEST_NAME)
+    quick = storage.list(check_files=False)
+    assert [(i.name, str(i.status), i.checked) for i in quick] == [
+        ("ckpt-000001", "ok", False), ("ckpt-000003", "ok", False),
+        ("ckpt-000004", "partial", True), ("ckpt-000005", "corrupt", True),
+    ]
+    assert summary(quick) == summary(storage.list())
+
+
+def test_the_index_never_shows_up_as_a_checkpoint(storage: RunStorage, tmp_path: Path) -> None:
+    commit(storage, tmp_path, "ckpt-000001", Manifest(epoch=1))
+    assert raw(storage, "index.json").startswith(b'{"format":"resumable.index"')
+    assert names(storage.list()) == names(storage.list(check_files=False)) == ["ckpt-000001"]
+
+
 def test_latest_skips_newer_bad_checkpoints_with_a_warning(
     storage: RunStorage, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -394,6 +455,33 @@ def test_delete_removes_the_manifest_first(
     monkeypatch.setattr(storage.fs, "rm_file", lambda p: (removed.append(p.rsplit("/", 1)[-1]), original(p)))
     storage.delete("ckpt-000001")
     assert removed[0] == MANIFEST_NAME and sorted(removed[1:]) == sorted(p.rsplit("/", 1)[-1] for p in FILES)
+
+
+def test_delete_updates_the_index_before_removing_the_manifest(
+    storage: RunStorage, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for epoch in (1, 2):
+        commit(storage, tmp_path, f"ckpt-{epoch:06d}", Manifest(epoch=epoch))
+    events: list[str] = []
+    original_rm = storage.fs.rm_file
+    original_replace = storage._replace_file
+    monkeypatch.setattr(storage.fs, "rm_file", lambda p: (
+        events.append(p.rsplit("/", 1)[-1]), original_rm(p)))
+    monkeypatch.setattr(storage, "_replace_file", lambda p, d: (
+        events.append("index"), original_replace(p, d)))
+    storage.delete("ckpt-000001")
+    assert events[:2] == ["index", MANIFEST_NAME]
+    assert names(storage.list(check_files=False)) == ["ckpt-000002"]
+
+    def broken(path: str, data: bytes) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    # An index that cannot be updated would vouch for a folder without a manifest: nothing is deleted.
+    monkeypatch.setattr(storage, "_replace_file", broken)
+    monkeypatch.setattr(storage, "retry", RetryPolicy(attempts=1))
+    with pytest.raises(ResumableError, match="index.json"):
+        storage.delete("ckpt-000002")
+    assert [(i.name, i.ok) for i in storage.list()] == [("ckpt-000002", True)]
 
 
 def test_delete_truncates_first_when_asked(
@@ -493,7 +581,8 @@ def test_run_url_that_is_a_file(run_url: str) -> None:
     if storage.is_local:
         Path(storage.root).parent.mkdir(parents=True, exist_ok=True)
     storage.fs.pipe_file(storage.root, b"not a folder")
-    for call in (storage.list, storage.latest, storage.exists, lambda: storage.get("ckpt-000001")):
+    for call in (storage.list, storage.latest, storage.exists, lambda: storage.get("ckpt-000001"),
+                 lambda: storage.list(check_files=False)):
         with pytest.raises(NotAFolderError, match="is a file, not a run folder") as caught:
             call()
         assert run_url in str(caught.value) and "\n" not in str(caught.value)
@@ -505,6 +594,7 @@ def test_missing_bucket(gcs_server: str, tmp_path: Path) -> None:
     started = time.monotonic()
     for call in (
         storage.list,
+        lambda: storage.list(check_files=False),
         storage.latest,
         storage.exists,
         lambda: storage.commit(stage(tmp_path / "s"), "ckpt-000001", Manifest(epoch=1)),
@@ -520,6 +610,7 @@ def test_missing_bucket(gcs_server: str, tmp_path: Path) -> None:
 def test_missing_local_folder_is_an_empty_run(tmp_path: Path) -> None:
     storage = RunStorage(str(tmp_path / "not" / "yet"))
     assert storage.list() == [] and storage.latest() is None and storage.exists() is False
+    assert storage.list(check_files=False) == []
 
 
 def test_empty_url_is_refused() -> None:

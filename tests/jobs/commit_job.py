@@ -30,7 +30,8 @@ PAYLOAD = {
     "state.json": b'{"optimizer": "adam", "epoch": %d}\n',
     "assets/vocab.txt": b"alpha\nbeta\ngamma\n",
 }
-WRITES_PER_COMMIT = len(PAYLOAD) + 1  # each payload file, then the manifest
+WRITES_PER_COMMIT = len(PAYLOAD) + 2  # each payload file, the manifest, then the run index
+MANIFEST_WRITE = WRITES_PER_COMMIT - 1
 MODES = ("before", "torn", "after")
 
 
