@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import json
 import math
 import sys
@@ -24,7 +25,8 @@ from dataclasses import dataclass
 from typing import Any, NoReturn, TypeVar
 
 from resumable.display import format_table, human_size, local_time
-from resumable.errors import CheckpointNotFoundError, ResumableError, RunNotFoundError
+from resumable.errors import CheckpointNotFoundError, LeaseHeldError, ResumableError, RunNotFoundError
+from resumable.lease import Lease, read_lease
 from resumable.manifest import MANIFEST_NAME
 from resumable.policy import Decision, Retention, best, plan, resolve_mode
 from resumable.storage import CheckpointInfo, RunStorage, Status
@@ -106,6 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
     list_ = _command(commands, "list", _cmd_list, "show every checkpoint with its status", aliases=["ls"])
     _add_url(list_)
     _add_monitor(list_, "metric to show and to rank the best checkpoint by")
+    list_.add_argument("--deep", action="store_true",
+                       help="check every file's size (and CRC32C on GCS) against its manifest: one "
+                       "recursive listing instead of the run index")
     _add_json(list_)
 
     inspect = _command(commands, "inspect", _cmd_inspect, "show one checkpoint's manifest")
@@ -132,6 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
     prune.add_argument("--keep-every", type=int, metavar="N", help="keep checkpoints of every N-th epoch")
     prune.add_argument("--dry-run", action="store_true", help="show what would be deleted; delete nothing")
     prune.add_argument("-y", "--yes", action="store_true", help="delete without asking for confirmation")
+    prune.add_argument("--force", action="store_true",
+                       help="delete even while a training process holds the run's writer lease")
     _add_json(prune)
 
     demo = _command(commands, "demo", _cmd_demo, "train a tiny model, interrupt it and resume it")
@@ -181,7 +188,7 @@ def _add_selection(parser: argparse.ArgumentParser) -> argparse._MutuallyExclusi
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
-    storage, infos = _load(args.url)
+    storage, infos = _load(args.url, check_files=args.deep)
     ranking = _ranking(infos, args.monitor, args.mode)
     latest = _latest_good(infos)
     best_one = ranking.best(infos)
@@ -213,6 +220,8 @@ def _cmd_list(args: argparse.Namespace) -> int:
     _out(ranking.describe(best_one))
     if any(not i.ok for i in infos):
         _out(f"`resumable prune {storage.url}` removes unfinished or corrupt ones older than the latest good")
+    if not all(i.checked for i in infos):
+        _out("statuses from the run index; --deep checks every file's size, `resumable verify` re-reads them")
     return EXIT_OK
 
 
@@ -397,8 +406,9 @@ def _cmd_prune(args: argparse.Namespace) -> int:
         if not _confirmed(args.yes, f"delete {_count(doomed)} ({human_size(freed)}) from {storage.url}?"):
             _out("aborted: nothing deleted")
             return EXIT_OK
-        for info in _progress(doomed, len(doomed), "deleting", unit="ckpt"):
-            storage.delete(info)
+        with _writer_lease(storage, args.force):
+            for info in _progress(doomed, len(doomed), "deleting", unit="ckpt"):
+                storage.delete(info)
     if args.json:
         _print_json({
             "url": storage.url,
@@ -424,6 +434,34 @@ def _cmd_prune(args: argparse.Namespace) -> int:
             _out("Google Drive: files were emptied before deletion, so the trash holds 0 bytes of them; "
                  "empty it at https://drive.google.com/drive/trash to remove them for good")
     return EXIT_OK
+
+
+@contextlib.contextmanager
+def _writer_lease(storage: RunStorage, force: bool) -> Iterator[None]:
+    """Hold the run's writer lease while deleting, so no training process commits meanwhile.
+
+    A live writer's own retention prunes its run; deleting under it could remove the checkpoint
+    it is about to build on. ``--force`` deletes anyway, without taking its lease away.
+    """
+    lease = Lease(storage)
+    try:
+        lease.acquire()
+    except LeaseHeldError:
+        holder = read_lease(storage)
+        if not force:
+            who = holder.describe() if holder else "another process"
+            raise UsageError(
+                f"{storage.url} is being written by {who}; its callback prunes it. Stop that training "
+                "first, or pass --force to delete anyway"
+            ) from None
+        who = holder.describe() if holder else "another process"
+        print(f"warning: deleting while {who} writes this run", file=sys.stderr)
+        yield
+        return
+    try:
+        yield
+    finally:
+        lease.release()
 
 
 def _print_plan(infos: Sequence[CheckpointInfo], decisions: Sequence[Decision], ranking: _Ranking) -> None:
@@ -465,10 +503,10 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------ shared
 
 
-def _load(url: str) -> tuple[RunStorage, list[CheckpointInfo]]:
+def _load(url: str, check_files: bool = True) -> tuple[RunStorage, list[CheckpointInfo]]:
     """Open a run folder and list it; a folder that does not exist is an error, an empty one is not."""
     storage = RunStorage(url)
-    infos = storage.list()
+    infos = storage.list(check_files=check_files)
     if not infos and not storage.exists():  # only an empty listing pays for the second look
         raise RunNotFoundError(f"{storage.url}: not found; check the path and that the folder exists")
     if not infos and _is_one_checkpoint(storage):
@@ -617,6 +655,7 @@ def _info_json(info: CheckpointInfo) -> dict[str, Any]:
         "metrics": {k: _json_float(v) for k, v in info.metrics.items()},
         "size": info.size,
         "created": info.created.isoformat() if info.created else None,
+        "files_checked": info.checked,
     }
 
 

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import types
+from datetime import datetime, timezone
 from pathlib import Path
 
 import fsspec
@@ -17,6 +19,7 @@ import pytest
 
 from resumable.cli import main
 from resumable.display import format_table, human_size
+from resumable.lease import LeaseInfo
 from resumable.manifest import MANIFEST_NAME, Manifest
 from resumable.storage import RunStorage
 
@@ -98,7 +101,7 @@ def damaged_run(url: str, tmp_path: Path) -> str:
 
 
 def test_list_shows_status_latest_and_best(capsys: pytest.CaptureFixture[str], damaged_run: str) -> None:
-    code, out, err = cli(capsys, "list", damaged_run)
+    code, out, err = cli(capsys, "list", damaged_run, "--deep")
     assert code == 0, err
     lines = out.splitlines()
     headers = ["NAME", "EPOCH", "STEP", "loss", "val_loss", "SIZE", "CREATED", "STATUS", "NOTE"]
@@ -113,10 +116,37 @@ def test_list_shows_status_latest_and_best(capsys: pytest.CaptureFixture[str], d
     assert "latest good: ckpt-000006 (epoch 6, step 60)" in lines
     assert any(line.startswith("best val_loss: ckpt-000003 (epoch 3, val_loss=0.1;") for line in lines)
     assert "ckpt-000005: corrupt: model.keras has 10 bytes, manifest says 1280" in lines
+    assert not any("statuses from the run index" in line for line in lines)
+
+
+def test_list_reads_the_index_and_still_sees_interrupted_commits(
+    capsys: pytest.CaptureFixture[str], url: str, tmp_path: Path
+) -> None:
+    """Without --deep: folder names plus the run index; unindexed folders are checked one by one."""
+    build_run(url, tmp_path, VAL_LOSSES[:3])
+    fs, root = fsspec.core.url_to_fs(url, auto_mkdir=True) if "://" not in url else fsspec.core.url_to_fs(url)
+    fs.pipe_file(f"{root}/ckpt-000004/model.keras", b"half a model")  # a commit killed mid-upload
+    fs.pipe_file(f"{root}/ckpt-000005/model.keras", b"model")  # killed while writing its manifest
+    fs.pipe_file(f"{root}/ckpt-000005/{MANIFEST_NAME}", b'{"format": "resumable.chec')
+    truncate(url, "ckpt-000002")  # damage after the commit: only --deep or verify can see it
+    code, out, err = cli(capsys, "list", url)
+    assert code == 0, err
+    assert [row(out, name)[-1] for name in ("ckpt-000004", "ckpt-000005")] == ["partial", "corrupt"]
+    assert row(out, "ckpt-000002")[-1] == "ok"
+    assert row(out, "ckpt-000003")[-3:] == ["ok", "latest,", "best"]
+    assert "statuses from the run index; --deep checks every file's size" in out
+    code, out, _ = cli(capsys, "list", url, "--deep")
+    assert row(out, "ckpt-000002")[-1] == "corrupt"
+    data = json.loads(cli(capsys, "list", url, "--json")[1])
+    checked = {c["name"]: (c["status"], c["files_checked"]) for c in data["checkpoints"]}
+    assert checked == {
+        "ckpt-000001": ("ok", False), "ckpt-000002": ("ok", False), "ckpt-000003": ("ok", False),
+        "ckpt-000004": ("partial", True), "ckpt-000005": ("corrupt", True),
+    }
 
 
 def test_list_json_for_scripts(capsys: pytest.CaptureFixture[str], damaged_run: str) -> None:
-    code, out, _ = cli(capsys, "ls", damaged_run, "--json")
+    code, out, _ = cli(capsys, "ls", damaged_run, "--json", "--deep")
     assert code == 0
     data = json.loads(out)
     statuses = {c["name"]: c["status"] for c in data["checkpoints"]}
@@ -263,6 +293,41 @@ def test_prune_json_reports_the_plan(capsys: pytest.CaptureFixture[str], tmp_pat
     assert remaining(url) == data["kept"]
 
 
+def test_prune_refuses_while_a_writer_holds_the_lease(capsys: pytest.CaptureFixture[str], url: str,
+                                                     tmp_path: Path) -> None:
+    build_run(url, tmp_path)
+    now = datetime.now(timezone.utc)
+    holder = LeaseInfo(token="t", host="colab-vm-2", pid=4242, started=now, renewed=now, timeout=600)
+    storage = RunStorage(url)
+    assert storage.create_run_file("lease.json", holder.to_json()) is not None
+    code, _, err = cli(capsys, "prune", url, "--keep-last", "1", "--yes")
+    assert code == 2
+    assert err.startswith(f"error: {url} is being written by host 'colab-vm-2', process 4242, since ")
+    assert "pass --force" in err and err.count("\n") == 1
+    assert remaining(url) == ALL
+    code, out, err = cli(capsys, "prune", url, "--keep-last", "1", "--yes", "--force")
+    assert code == 0, err
+    assert "warning: deleting while host 'colab-vm-2'" in err
+    assert remaining(url) == ["ckpt-000003", "ckpt-000006"]
+    found = storage.read_run_file("lease.json")
+    assert found is not None and found[0] == holder.to_json()  # the writer's lease is left alone
+
+
+def test_prune_holds_the_lease_while_deleting_and_gives_it_back(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = str(tmp_path / "run")
+    build_run(url, tmp_path)
+    seen: list[bool] = []
+    original = RunStorage.delete
+    monkeypatch.setattr(RunStorage, "delete", lambda self, info: (
+        seen.append(self.read_run_file("lease.json") is not None), original(self, info)))
+    code, _, err = cli(capsys, "prune", url, "--keep-last", "1", "--yes")
+    assert code == 0, err
+    assert seen == [True] * 4
+    assert RunStorage(url).read_run_file("lease.json") is None
+
+
 def test_prune_refuses_without_a_terminal_or_yes(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     url = str(tmp_path / "run")
     build_run(url, tmp_path)
@@ -331,7 +396,7 @@ def test_subprocess_on_gcs_lists_json_and_prunes(gcs_bucket: str, tmp_path: Path
     url = f"{gcs_bucket}/runs/exp1"
     build_run(url, tmp_path)
     remove_manifest(url, "ckpt-000002")
-    listed = run_module("list", url, "--json")
+    listed = run_module("list", url, "--json", "--deep")
     assert listed.returncode == 0, listed.stderr
     assert [c["status"] for c in json.loads(listed.stdout)["checkpoints"]][:2] == ["ok", "partial"]
     pruned = run_module("prune", url, "--keep-last", "-1")
@@ -400,8 +465,9 @@ def test_the_list_benchmark_runs_small(gcs_server: str) -> None:
                             capture_output=True, text=True, timeout=120, env=os.environ.copy())
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert "built gs://" in lines[0] and "with 20 checkpoints (40 objects)" in lines[0]
-    table = {line.split()[0] + (" list" if line.split()[1] == "list" else ""): line for line in lines[2:8]}
+    assert "built gs://" in lines[0] and "with 20 checkpoints (41 objects)" in lines[0]
     assert lines[2].split() == ["MEASURE", "BEST", "OF", "1", "VS", "LS"]
-    assert {"gcsfs.ls", "gcsfs.find", "RunStorage.list", "resumable list"} <= set(table)
+    measures = [re.split(r"\s{2,}", line)[0] for line in lines[3:10]]
+    assert measures == ["gcsfs.ls", "gcsfs.find", "find + cat", "RunStorage.list deep", "RunStorage.list",
+                        "resumable list", "resumable list --deep"]
     assert lines[-1].startswith("resumable list / gcsfs.ls = ")
