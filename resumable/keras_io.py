@@ -10,9 +10,11 @@ under a TPU strategy needs no ``experimental_io_device``.
 Files of a checkpoint folder:
 
 - ``model.keras`` (or ``model.weights.h5`` with ``save_weights_only``): weights and optimizer state.
-- ``state.json``: history, callback states, RNG states, the weight layout (to name mismatches).
+- ``state.json``: history, callback states, RNG states, the weight layout (to name mismatches);
+  mid-epoch, also the RNG states at the epoch's start (``epoch_rng``: they decide its data order).
 - ``arrays.npz``: states of the model's seed generators (Dropout's masks continue, Keras does not
-  save them) and arrays held by callbacks (EarlyStopping's best weights).
+  save them), arrays held by callbacks (EarlyStopping's best weights) and, mid-epoch, the
+  metrics' running totals (``metrics/<i>``).
 """
 
 from __future__ import annotations
@@ -23,14 +25,14 @@ import logging
 import math
 import random
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import keras
 import numpy as np
 
-from resumable.errors import CheckpointMismatchError, CheckpointNotFoundError
+from resumable.errors import CheckpointMismatchError, CheckpointNotFoundError, ResumableError
 
 logger = logging.getLogger("resumable")
 
@@ -55,10 +57,12 @@ def save(model: keras.Model, folder: Path, *, weights_only: bool, state: dict[st
     """Write the model (with its optimizer state), ``state.json`` and callback arrays to ``folder``."""
     folder.mkdir(parents=True, exist_ok=True)
     arrays = {**(arrays or {}), **_seed_generator_arrays(model)}
-    if weights_only:
-        model.save_weights(str(folder / WEIGHTS_FILE))
-    else:
-        model.save(str(folder / MODEL_FILE))
+    _check_whole_arrays(model)
+    with _no_tensorflow_import(), _no_distribution():
+        if weights_only:
+            model.save_weights(str(folder / WEIGHTS_FILE))
+        else:
+            model.save(str(folder / MODEL_FILE))
     state = {**state, "version": STATE_VERSION, "model": model_summary(model)}
     (folder / STATE_FILE).write_text(json.dumps(_jsonable(state), indent=1))
     if arrays:
@@ -137,18 +141,20 @@ def read_arrays(folder: Path) -> dict[str, np.ndarray]:
 
 
 def load_model(folder: Path, build_model: Callable[[], keras.Model] | None, *, strategy: Any = None,
-               where: str) -> keras.Model:
+               distribution: Any = None, where: str) -> keras.Model:
     """Rebuild the model of a fetched checkpoint folder, optimizer state included.
 
     With ``build_model``, its model receives the checkpoint's weights (the user's code keeps
     defining the architecture, custom objects and compile arguments); without it, the
-    ``.keras`` file is loaded as saved. ``where`` names the checkpoint in errors.
+    ``.keras`` file is loaded as saved. Under ``strategy`` or ``distribution`` the variables
+    are created with its layout and receive the saved whole arrays, so a checkpoint restores
+    on any number of devices. ``where`` names the checkpoint in errors.
     """
     state = read_state(folder)
     weights_file = folder / (WEIGHTS_FILE if (folder / WEIGHTS_FILE).is_file() else MODEL_FILE)
     if not weights_file.is_file():
         raise CheckpointMismatchError(f"{where}: holds neither {MODEL_FILE} nor {WEIGHTS_FILE}")
-    with scope(strategy):
+    with scope(strategy, distribution), _no_tensorflow_import():
         if build_model is None:
             if weights_file.name == WEIGHTS_FILE:
                 raise CheckpointNotFoundError(
@@ -172,7 +178,7 @@ def load_model(folder: Path, build_model: Callable[[], keras.Model] | None, *, s
                     f"{where} does not fit the model from build_model(): {e}"
                 ) from e
     _check_optimizer(model, state.get("optimizer"), where)
-    with scope(strategy):
+    with scope(strategy, distribution):
         restore_seed_generators(model, read_arrays(folder), where)
     return model
 
@@ -187,9 +193,96 @@ def build(build_model: Callable[[], keras.Model]) -> keras.Model:
     return model
 
 
-def scope(strategy: Any) -> contextlib.AbstractContextManager[Any]:
-    """``strategy.scope()``, or nothing without a strategy."""
-    return strategy.scope() if strategy is not None else contextlib.nullcontext()
+@contextlib.contextmanager
+def scope(strategy: Any, distribution: Any = None) -> Iterator[None]:
+    """``strategy.scope()`` (``tf.distribute``) and ``distribution.scope()`` (``keras.distribution``).
+
+    Variables created inside get the layout of the strategy or distribution; values loaded
+    into them are whole arrays, laid out (replicated or sharded) as the variable says.
+    """
+    with contextlib.ExitStack() as stack:
+        if distribution is not None:
+            stack.enter_context(distribution.scope())
+        if strategy is not None:
+            stack.enter_context(strategy.scope())
+        yield
+
+
+@contextlib.contextmanager
+def _no_distribution() -> Iterator[None]:
+    """Save outside any ``keras.distribution``: only the chief saves, and Keras' saving creates
+    throwaway variables, which under a multi-process distribution would wait for every process."""
+    distribution = keras.distribution.distribution()
+    if distribution is None:
+        yield
+        return
+    keras.distribution.set_distribution(None)
+    try:
+        yield
+    finally:
+        keras.distribution.set_distribution(distribution)
+
+
+def _check_whole_arrays(model: keras.Model) -> None:
+    """The chief saves whole arrays; it cannot read a variable sharded over other processes' devices."""
+    if process_count() == 1:
+        return
+    for variable in model.variables:
+        value = getattr(variable, "value", None)
+        if not (getattr(value, "is_fully_addressable", True) or getattr(value, "is_fully_replicated", True)):
+            raise ResumableError(
+                f"variable {variable.path!r} is sharded over devices of several processes (ModelParallel "
+                "in a multi-process program); resumable saves whole arrays from process 0 alone and "
+                "cannot read it there. Use DataParallel (replicated variables) with several processes"
+            )
+
+
+@contextlib.contextmanager
+def _no_tensorflow_import() -> Iterator[None]:
+    """Keep Keras from importing TensorFlow while it saves or loads on another backend.
+
+    Keras' serializer asks ``tf.available``, which imports TensorFlow whenever it is installed:
+    seconds of import and, on a TPU VM, TensorFlow reaching for the TPU that JAX holds. Before
+    TensorFlow is imported nothing being saved can be a TensorFlow object, so for the save
+    Keras is told TensorFlow is unavailable; afterwards its lazy check is back as it was.
+    """
+    lazy = None
+    if keras.backend.backend() != "tensorflow" and "tensorflow" not in sys.modules:
+        with contextlib.suppress(Exception):  # private Keras API: without it, Keras imports as before
+            from keras.src.utils import module_utils
+
+            lazy = module_utils.tensorflow
+            saved = lazy._available
+            lazy._available = False
+    try:
+        yield
+    finally:
+        if lazy is not None:
+            lazy._available = saved
+
+
+def check_distribution(strategy: Any, distribution: Any) -> None:
+    """One way to distribute: a ``tf.distribute`` strategy or a ``keras.distribution``."""
+    # Duck-typed: Keras does not export its Distribution base class.
+    if distribution is not None and not (hasattr(distribution, "get_variable_layout")
+                                         and hasattr(distribution, "scope")):
+        raise ValueError(
+            f"Invalid value for argument `distribution`. Received: distribution={distribution!r}. "
+            "Expected a keras.distribution.Distribution (DataParallel, ModelParallel) or None; "
+            "a tf.distribute strategy goes to `strategy`."
+        )
+    if strategy is not None and distribution is not None:
+        raise ValueError(
+            f"Invalid value for argument `strategy`. Received: strategy={strategy!r} together with "
+            f"distribution={distribution!r}. Expected one of them: `strategy` for tf.distribute on "
+            "TensorFlow, `distribution` for keras.distribution on JAX."
+        )
+    if strategy is not None and keras.backend.backend() != "tensorflow":
+        raise ValueError(
+            f"Invalid value for argument `strategy`. Received: strategy={strategy!r} on the "
+            f"{keras.backend.backend()} backend. Expected None: tf.distribute strategies need "
+            "KERAS_BACKEND=tensorflow; on JAX pass distribution=keras.distribution.DataParallel(...)."
+        )
 
 
 def _ensure_built(model: keras.Model, saved: dict[str, Any], where: str) -> None:
@@ -301,6 +394,38 @@ def restore_callback_states(callbacks: Sequence[keras.callbacks.Callback], state
     return restored
 
 
+# ----------------------------------------------------------------------------- metrics
+
+
+def metric_arrays(model: keras.Model) -> dict[str, np.ndarray]:
+    """The running totals of the model's metrics (loss included) within the current epoch.
+
+    Saved with mid-epoch checkpoints so the resumed epoch reports the same metrics as an
+    uninterrupted one: Keras resets them when an epoch begins.
+    """
+    return {f"metrics/{i}": keras.ops.convert_to_numpy(v) for i, v in enumerate(model.metrics_variables)}
+
+
+def add_metrics(model: keras.Model, arrays: dict[str, np.ndarray]) -> bool:
+    """Add saved running totals to the model's metrics; False (untouched) if they do not fit.
+
+    Called after the first batch of a resumed epoch, once Keras has built the compiled metrics:
+    their states are sums (Keras aggregates them across replicas by adding), so saved + this
+    batch's contribution is exactly what an uninterrupted epoch holds at this point.
+    """
+    variables = model.metrics_variables
+    saved = [arrays.get(f"metrics/{i}") for i in range(len(variables))]
+    if not variables or len(arrays) != len(variables) or any(
+        s is None or tuple(s.shape) != tuple(v.shape) or getattr(v, "aggregation", "sum") != "sum"
+        for s, v in zip(saved, variables, strict=True)
+    ):
+        return False
+    for variable, value in zip(variables, saved, strict=True):
+        current = keras.ops.convert_to_numpy(variable)
+        variable.assign(current + np.asarray(value, dtype=current.dtype))
+    return True
+
+
 # ----------------------------------------------------------------------------- RNG
 
 
@@ -328,6 +453,15 @@ def set_rng_state(state: dict[str, Any]) -> None:
     generator = _keras_global_seed_generator(create="keras" in state)
     if "keras" in state and generator is not None:
         generator.state.assign(np.asarray(state["keras"], dtype=generator.state.dtype))
+
+
+def python_random(state: dict[str, Any]) -> random.Random:
+    """A `random.Random` in the Python state of an `rng_state()` (the global RNG is left alone)."""
+    generator = random.Random()
+    if "python" in state:
+        version, internal, gauss = state["python"]
+        generator.setstate((version, tuple(internal), gauss))
+    return generator
 
 
 def _keras_global_seed_generator(create: bool = False) -> Any:
@@ -359,15 +493,68 @@ def versions() -> dict[str, str]:
     return found
 
 
+def process_index() -> int:
+    """This process's index among the processes of a multi-process JAX program; 0 otherwise.
+
+    Never initializes JAX's backends (``jax.distributed.initialize`` must come first).
+    """
+    jax = _distributed_jax()
+    return int(jax.process_index()) if jax is not None else 0
+
+
+def process_count() -> int:
+    """Processes of the JAX program (``jax.distributed``); 1 otherwise."""
+    jax = _distributed_jax()
+    return int(jax.process_count()) if jax is not None else 1
+
+
+def _distributed_jax() -> Any:
+    if keras.backend.backend() != "jax" or "jax" not in sys.modules:
+        return None
+    jax = sys.modules["jax"]
+    try:
+        return jax if jax.distributed.is_initialized() else None
+    except AttributeError:  # a jax without is_initialized: ask the backend, which is up by now
+        return jax
+
+
+def broadcast_from_chief(values: Sequence[int]) -> list[int]:
+    """Process 0's ``values`` on every process; a collective: every process must call it."""
+    if process_count() == 1:
+        return [int(v) for v in values]
+    from jax.experimental import multihost_utils
+
+    received = multihost_utils.broadcast_one_to_all(np.asarray(values, dtype=np.int32))
+    return [int(v) for v in np.asarray(received)]
+
+
+def topology(model: keras.Model | None, strategy: Any = None) -> tuple[int, int]:
+    """``(processes, devices)`` training runs on, for the manifest.
+
+    Devices are those the variables are laid out over: the ``keras.distribution`` mesh or the
+    strategy's replicas; 1 for a model on one device.
+    """
+    if keras.backend.backend() == "jax":
+        distribution = keras.distribution.distribution()
+        mesh = getattr(distribution, "device_mesh", None)
+        devices = int(np.size(mesh.devices)) if mesh is not None else 1
+        return process_count(), devices
+    strategy = strategy or getattr(model, "distribute_strategy", None)
+    devices = int(getattr(strategy, "num_replicas_in_sync", 1) or 1)
+    processes = 1
+    with contextlib.suppress(Exception):  # only multi-worker strategies have a cluster
+        spec = strategy.cluster_resolver.cluster_spec()
+        processes = max(1, sum(spec.num_tasks(job) for job in ("chief", "worker") if job in spec.jobs))
+    return processes, devices
+
+
 def is_chief(model: keras.Model | None, strategy: Any = None) -> bool:
     """False on the workers of a multi-worker run, which must not write to the run folder."""
     strategy = strategy or getattr(model, "distribute_strategy", None)
     extended = getattr(strategy, "extended", None)
     if extended is not None and hasattr(extended, "should_checkpoint"):
         return bool(extended.should_checkpoint)
-    if keras.backend.backend() == "jax" and "jax" in sys.modules:
-        return int(sys.modules["jax"].process_index()) == 0
-    return True
+    return process_index() == 0
 
 
 def _jsonable(value: Any) -> Any:

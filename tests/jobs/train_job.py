@@ -6,6 +6,7 @@ Resumes RUN_URL (or starts it), trains a tiny MLP on fixed synthetic data, and w
 final weights to ``--out``. Prints one marker per line on stdout, flushed:
 
     READY initial_epoch=<n> step=<n>   after resume(), before training
+    RESUMED <name> batch=<n>           after READY, when resume() found a checkpoint
     LOG resumable: saving <name>       a save starts (from the "resumable" logger)
     LOG resumable: saved <name>        a save is committed
     DONE epochs=<n>                    training finished
@@ -43,6 +44,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--weights-only", action="store_true")
     parser.add_argument("--keep-last", type=int, default=2)
     parser.add_argument("--shuffle", action="store_true", help="let model.fit shuffle the batches")
+    parser.add_argument("--save-interval", type=float, help="CheckpointCallback(save_interval=...)")
+    parser.add_argument("--batch-sleep", type=float, default=0.0, help="sleep this long after each batch")
+    parser.add_argument("--data", choices=["arrays", "tfdata"], default="arrays")
     parser.add_argument("--zygote", action="store_true")
     return parser.parse_args(argv)
 
@@ -82,6 +86,19 @@ def build_model(seed: int) -> Any:
     return model
 
 
+def sleep_callback(seconds: float) -> Any:
+    """A callback that makes batches slow, so a test can signal or kill between two saves."""
+    import time
+
+    import keras
+
+    class Sleep(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            time.sleep(seconds)
+
+    return Sleep()
+
+
 def save_weights(model: Any, path: str) -> None:
     import numpy as np
 
@@ -107,6 +124,7 @@ def main(argv: list[str]) -> int:
     run = resumable.resume(
         args.url, build_model=lambda: build_model(args.seed), strategy=strategy, monitor="val_loss",
         keep_last=args.keep_last, keep_best=1, save_freq=save_freq, save_weights_only=args.weights_only,
+        save_interval=args.save_interval,
     )
     if strategy is not None:
         print(f"REPLICAS {strategy.num_replicas_in_sync}", flush=True)
@@ -114,10 +132,17 @@ def main(argv: list[str]) -> int:
         save_weights(run.model, args.restored_out)
     print(f"READY initial_epoch={run.initial_epoch} step={run.checkpoint.step if run.checkpoint else 0}",
           flush=True)
+    if run.checkpoint is not None:
+        print(f"RESUMED {run.checkpoint.name} batch={run.callback.resume_batch}", flush=True)
     x, y, x_val, y_val = data(args.seed)
     keras.utils.set_random_seed(args.seed + 1)  # anything random during fit draws from here
-    run.fit(x, y, epochs=args.epochs, batch_size=32, shuffle=args.shuffle, validation_data=(x_val, y_val),
-            verbose=0)
+    callbacks = [sleep_callback(args.batch_sleep)] if args.batch_sleep else []
+    if args.data == "tfdata":
+        dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(32)
+        run.fit(dataset, epochs=args.epochs, validation_data=(x_val, y_val), verbose=0, callbacks=callbacks)
+    else:
+        run.fit(x, y, epochs=args.epochs, batch_size=32, shuffle=args.shuffle, validation_data=(x_val, y_val),
+                verbose=0, callbacks=callbacks)
     if args.out:
         save_weights(run.model, args.out)
     print(f"DONE epochs={run.initial_epoch}", flush=True)
