@@ -27,7 +27,8 @@ from resumable.lease import DEFAULT_TIMEOUT, Lease, check_timeout, read_lease
 from resumable.manifest import Manifest
 from resumable.naming import DEFAULT_TEMPLATE
 from resumable.policy import Retention, is_better, plan, resolve_mode
-from resumable.storage import NO_SPACE_ERRNOS, CheckpointInfo, RunStorage, _free_space
+from resumable.storage import CheckpointInfo, RunStorage
+from resumable.storage_errors import NO_SPACE_ERRNOS, free_space
 from resumable.uploader import Uploader
 
 logger = logging.getLogger("resumable")
@@ -727,7 +728,7 @@ def _no_staging_space(staging_dir: Path, name: str, last: CheckpointInfo | None)
     """Why a checkpoint could not be staged: the folder, the space needed (as last time) and free."""
     needed = f"the last checkpoint took {human_size(last.size)}" if last and last.size else "size unknown"
     return (f"no space left in the staging folder {staging_dir} to save {name} ({needed}"
-            f"{_free_space(str(staging_dir))}); training goes on and the next save tries again: free space "
+            f"{free_space(str(staging_dir))}); training goes on and the next save tries again: free space "
             "there, or pass staging_dir= on a bigger disk")
 
 

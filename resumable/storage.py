@@ -41,16 +41,14 @@ from resumable.errors import (
     CorruptCheckpointError,
     NoSpaceError,
     NotAFolderError,
-    NotAuthenticatedError,
     ResumableError,
-    RunNotFoundError,
     StorageError,
-    StoragePermissionError,
     UnsupportedFormatError,
 )
 from resumable.manifest import MANIFEST_NAME, FileEntry, Manifest, now_iso
 from resumable.naming import DEFAULT_TEMPLATE, NameTemplate
 from resumable.retry import RetryPolicy
+from resumable.storage_errors import BoundedRequest, free_space, translate
 
 # gcsfs 2026.x probes every bucket over gRPC first, which stalls about a minute against
 # emulators; we use none of what that probe enables. Must be set before gcsfs is imported.
@@ -62,12 +60,9 @@ logger = logging.getLogger("resumable")
 
 READ_THREADS = 16  # manifests read at once from a blocking filesystem (local disk, Drive)
 PROGRESS_MIN_BYTES = 4 * 1024 * 1024  # files at least this big get a progress bar when asked
-NO_SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})  # disk full, over quota, file too big
 QUICK_FALLBACK_FOLDERS = 8  # more folders missing from the run index: one recursive listing instead
 
 DRIVE_MOUNT = "/content/drive/"
-COLAB_AUTH_HINT = "run `from google.colab import auth; auth.authenticate_user()` in Colab"
-GCLOUD_AUTH_HINT = "run `gcloud auth application-default login`, or set GOOGLE_APPLICATION_CREDENTIALS"
 
 
 class Status(str, Enum):
@@ -174,7 +169,8 @@ class RunStorage:
             self.fs, root = fsspec.core.url_to_fs(self.url, **(storage_options or {}))
         except Exception as e:
             if type(e).__module__.startswith("google.auth"):  # gcsfs loads credentials here
-                raise _translate(e, self.url, self) from e
+                # no filesystem yet: only the credentials branch of translate() applies
+                raise translate(e, self.url, self.url, self.url, is_gcs=True, is_local=False) from e
             if isinstance(e, (ImportError, ValueError)):
                 raise ResumableError(f"{self.url}: cannot open this URL ({e})") from e
             raise
@@ -361,7 +357,7 @@ class RunStorage:
             needed = human_size(sum(entry.size for entry in entries.values()))
             raise NoSpaceError(
                 f"{self._url(name)}: no space left to commit this checkpoint ({needed} needed"
-                f"{_free_space(self.root) if self.is_local else ''}); older checkpoints are kept: "
+                f"{free_space(self.root) if self.is_local else ''}); older checkpoints are kept: "
                 "free space (empty Drive's trash), lower keep_last, or choose another folder"
             ) from e
         self._update_index(add={name: manifest})
@@ -419,7 +415,7 @@ class RunStorage:
             return
         lock = getattr(holder, "lock", None) or contextlib.nullcontext()
         with lock:
-            credentials.refresh(_BoundedRequest())
+            credentials.refresh(BoundedRequest())
         self._credentials_checked = True
 
     def _list_files(self, path: str | None = None) -> dict[str, dict[str, Any]]:
@@ -742,7 +738,7 @@ class RunStorage:
         except ResumableError:
             raise
         except Exception as e:
-            raise _translate(e, where, self) from e
+            raise translate(e, where, self.url, self.root, is_gcs=self.is_gcs, is_local=self.is_local) from e
 
     # ----------------------------------------------------------------- small files in the run folder
     # Compare-and-swap on one small file directly in the run folder (the writer's lease,
@@ -895,68 +891,6 @@ class RunStorage:
         return str(answer["generation"])
 
 
-class _BoundedRequest:
-    """google-auth's requests transport with a short timeout (its default is 120 s)."""
-
-    timeout = 20.0
-
-    def __init__(self) -> None:
-        from google.auth.transport.requests import Request
-
-        self._request = Request()
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        kwargs["timeout"] = min(kwargs.get("timeout") or self.timeout, self.timeout)
-        return self._request(*args, **kwargs)
-
-
-def _translate(e: Exception, where: str, storage: RunStorage) -> Exception:
-    # One line, whatever the library put in its message (JSON bodies, URLs on new lines).
-    detail = " ".join(f"{type(e).__name__}: {e}".split()).rstrip(":")
-    if len(detail) > 300:
-        detail = detail[:297] + "..."
-    module = type(e).__module__
-    code = getattr(e, "code", None)
-    if module.startswith("google.auth") or "credentials" in str(e).lower() and code in (401, None):
-        hint = COLAB_AUTH_HINT if _in_colab() else GCLOUD_AUTH_HINT
-        return NotAuthenticatedError(f"{where}: not authenticated to Google Cloud ({detail}); {hint}")
-    if code == 401:
-        hint = COLAB_AUTH_HINT if _in_colab() else GCLOUD_AUTH_HINT
-        return NotAuthenticatedError(f"{where}: not authenticated to Google Cloud; {hint}")
-    if isinstance(e, PermissionError) or code == 403:
-        return StoragePermissionError(
-            f"{where}: permission denied; check that this account may read and write it"
-        )
-    if isinstance(e, NotADirectoryError):
-        return NotAFolderError(f"{where}: a file is in the way where a folder was expected")
-    if isinstance(e, FileNotFoundError) or code == 404:
-        if storage.is_gcs and where == storage.url:  # listing an absent prefix is no error on GCS
-            bucket = storage.root.split("/", 1)[0]
-            return RunNotFoundError(
-                f"{where}: not found; does the bucket gs://{bucket} exist? Create it first"
-            )
-        return RunNotFoundError(f"{where}: not found")
-    if isinstance(e, FileExistsError):
-        return e  # handled by the caller
-    if isinstance(e, OSError) and e.errno in NO_SPACE_ERRNOS:
-        free = _free_space(storage.root) if storage.is_local else ""
-        return NoSpaceError(
-            f"{where}: no space left on the device{free}; free space or choose another folder"
-        )
-    return StorageError(f"{where}: {detail}")
-
-
-def _free_space(path: str) -> str:
-    """``", 1.2 MB free"`` for the disk holding ``path`` (or its nearest existing parent), else ``""``."""
-    folder = os.path.abspath(path)
-    while not os.path.exists(folder) and os.path.dirname(folder) != folder:
-        folder = os.path.dirname(folder)
-    try:
-        return f", {human_size(shutil.disk_usage(folder).free)} free"
-    except OSError:
-        return ""
-
-
 def _listed_file(detail: dict[str, Any]) -> ListedFile:
     crc = detail.get("crc32c")
     modified = detail.get("mtime") or detail.get("updated") or detail.get("created")
@@ -1054,7 +988,3 @@ def _is_local(fs: Any) -> bool:
 
 def _strip(path: str, fs: Any) -> str:
     return str(fs._strip_protocol(path)).rstrip("/")
-
-
-def _in_colab() -> bool:
-    return "COLAB_RELEASE_TAG" in os.environ or "COLAB_GPU" in os.environ

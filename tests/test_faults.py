@@ -209,9 +209,9 @@ def test_a_full_destination_names_the_folder_and_the_space_needed(
 
 def test_a_full_local_disk_says_how_much_is_free(tmp_path: Path) -> None:
     """On a local folder (Drive's mount is one) the message also gives the free space."""
-    from resumable.storage import _free_space
+    from resumable.storage_errors import free_space
 
-    text = _free_space(str(tmp_path / "not" / "yet"))  # the nearest existing parent's disk
+    text = free_space(str(tmp_path / "not" / "yet"))  # the nearest existing parent's disk
     assert text.startswith(", ") and text.endswith(" free")
 
 
