@@ -30,6 +30,9 @@ import os
 import sys
 from typing import Any
 
+# Shared with the TensorFlow job; its module level imports neither TensorFlow nor Keras.
+from train_job import save_weights, sleep_callback
+
 os.environ["KERAS_BACKEND"] = "jax"
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
@@ -96,24 +99,6 @@ def build_model(seed: int, dropout: bool) -> Any:
     model = keras.Sequential(layers)
     model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse")
     return model
-
-
-def sleep_callback(seconds: float) -> Any:
-    import time
-
-    import keras
-
-    class Sleep(keras.callbacks.Callback):
-        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
-            time.sleep(seconds)
-
-    return Sleep()
-
-
-def save_weights(model: Any, path: str) -> None:
-    import numpy as np
-
-    np.savez(path, *[np.asarray(w) for w in model.get_weights()])
 
 
 def main(argv: list[str]) -> int:
