@@ -100,7 +100,7 @@ def make_run(run: str, count: int) -> dict[str, bytes]:
         )
         objects[f"{run}/{name}/model.weights.h5"] = payload
         objects[f"{run}/{name}/{MANIFEST_NAME}"] = manifest.to_json()
-        indexed[name] = {"manifest": manifest.to_dict(), "manifest_size": len(manifest.to_json())}
+        indexed[name] = run_index.entry(manifest, len(manifest.to_json()))
     objects[f"{run}/{run_index.INDEX_NAME}"] = run_index.encode(indexed)  # as RunStorage.commit keeps it
     return objects
 

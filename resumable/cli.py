@@ -17,14 +17,16 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import contextlib
+import itertools
 import json
 import math
 import sys
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn, TypeVar
 
-from resumable.display import format_table, human_size, local_time
+from resumable.display import format_columns, format_table, human_size, local_time
 from resumable.errors import CheckpointNotFoundError, LeaseHeldError, ResumableError, RunNotFoundError
 from resumable.lease import Lease, read_lease
 from resumable.manifest import MANIFEST_NAME
@@ -204,15 +206,19 @@ def _cmd_list(args: argparse.Namespace) -> int:
         _out(f"no checkpoints in {storage.url}")
         return EXIT_OK
     metrics = [args.monitor] if args.monitor else _metric_names(infos)
-    headers = ["NAME", "EPOCH", "STEP", *metrics, "SIZE", "CREATED", "STATUS", "NOTE"]
-    rows = []
-    for info in infos:
-        notes = [n for n, hit in (("latest", info is latest), ("best", info is best_one)) if hit]
-        rows.append([
-            info.name, _num(info.epoch), _num(info.step), *(_metric(info, m) for m in metrics),
-            human_size(info.size), local_time(info.created), str(info.status), ", ".join(notes),
-        ])
-    _lines(format_table(headers, rows, right={1, 2, *range(3, 4 + len(metrics))}))  # numbers and size
+    notes = {id(latest): "latest", id(best_one): "best"}
+    if latest is best_one:
+        notes = {id(latest): "latest, best"}
+    # built a column at a time, one plain pass each: a run may hold thousands of checkpoints
+    columns = [["NAME", *[i.name for i in infos]],
+               ["EPOCH", *[_num(i.epoch) for i in infos]],
+               ["STEP", *[_num(i.step) for i in infos]]]
+    columns += [[m, *[_value(i.metrics.get(m)) for i in infos]] for m in metrics]
+    columns += [["SIZE", *[human_size(i.size) for i in infos]],
+                ["CREATED", *[local_time(i.created) for i in infos]],
+                ["STATUS", *[i.status.value for i in infos]],
+                ["NOTE", *[notes.get(id(i), "") for i in infos]]]
+    _lines(format_columns(columns, right={1, 2, *range(3, 4 + len(metrics))}))  # numbers and size
     _out("")
     _lines(_problem_lines(infos))
     _out(_summary(infos))
@@ -226,8 +232,8 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
 
 def _summary(infos: Sequence[CheckpointInfo]) -> str:
-    counts = {status: sum(1 for i in infos if i.status is status) for status in Status}
-    detail = ", ".join(f"{n} {status}" for status, n in counts.items() if n)
+    counts = Counter(i.status for i in infos)
+    detail = ", ".join(f"{counts[status]} {status}" for status in Status if counts[status])
     total = human_size(sum(i.size for i in infos))
     return f"{_plural(len(infos), 'checkpoint')} ({detail}), {total}"
 
@@ -607,10 +613,7 @@ def _recorded_state(infos: Sequence[CheckpointInfo]) -> dict[str, Any]:
 
 def _metric_names(infos: Iterable[CheckpointInfo]) -> list[str]:
     """Every metric any checkpoint recorded, in the order Keras logged them."""
-    names: dict[str, None] = {}
-    for info in infos:
-        names.update(dict.fromkeys(info.metrics))
-    return list(names)
+    return list(dict.fromkeys(itertools.chain.from_iterable(info.metrics for info in infos)))
 
 
 def _describe(info: CheckpointInfo) -> str:
@@ -695,7 +698,10 @@ def _num(value: int | None) -> str:
 
 
 def _metric(info: CheckpointInfo, name: str) -> str:
-    value = info.metrics.get(name)
+    return _value(info.metrics.get(name))
+
+
+def _value(value: float | None) -> str:
     return "-" if value is None else _fmt_float(value)
 
 
@@ -708,8 +714,9 @@ def _out(line: str) -> None:
 
 
 def _lines(lines: Iterable[str]) -> None:
-    for line in lines:
-        _out(line)
+    lines = list(lines)
+    if lines:
+        _out("\n".join(lines))  # one write: a listing may be thousands of lines
 
 
 def _section(title: str, lines: Sequence[str]) -> None:

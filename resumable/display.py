@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 
@@ -19,15 +20,28 @@ def format_table(
     table += [list(row) for row in rows]
     if not table:
         return []
-    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     right_aligned = set(right)
-    return [
-        "  ".join(
-            cell.rjust(width) if i in right_aligned else cell.ljust(width)
-            for i, (cell, width) in enumerate(zip(row, widths, strict=True))
-        ).rstrip()
-        for row in table
-    ]
+    return format_columns([list(column) for column in zip(*table, strict=True)], right_aligned)
+
+
+def format_columns(columns: Sequence[Sequence[str]], right: Iterable[int] = ()) -> list[str]:
+    """The lines of a table given a column at a time (headers included), aligned as `format_table`.
+
+    Faster than rows for long tables: `resumable list` formats thousands of checkpoints.
+
+    Example:
+        >>> format_columns([["NAME", "a"], ["SIZE", "1 KB"]], right={1})
+        ['NAME  SIZE', 'a     1 KB']
+    """
+    right_aligned = set(right)
+    padded = []
+    for i, column in enumerate(columns):
+        width = max(map(len, column), default=0)
+        if i in right_aligned:
+            padded.append([c.rjust(width) for c in column])
+        else:
+            padded.append([c.ljust(width) for c in column])
+    return ["  ".join(cells).rstrip() for cells in zip(*padded, strict=True)]
 
 
 def human_size(size: int) -> str:
@@ -44,4 +58,5 @@ def local_time(moment: datetime | None) -> str:
     """``YYYY-MM-DD HH:MM:SS`` in the local time zone; ``-`` when unknown."""
     if moment is None:
         return "-"
-    return moment.astimezone().strftime("%Y-%m-%d %H:%M:%S")
+    # time.localtime is several times faster than datetime.astimezone(): `list` formats thousands
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(moment.timestamp()))

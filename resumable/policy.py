@@ -106,9 +106,10 @@ def best(checkpoints: Sequence[CheckpointLike], monitor: str, mode: str = "auto"
 
     ``checkpoints`` are ordered oldest first.
     """
-    direction = resolve_mode(monitor, mode)
-    scored = [c for c in _newest_first(checkpoints) if _score(c, monitor) is not None]
-    return sorted(scored, key=lambda c: _score(c, monitor) * (1 if direction == "min" else -1))  # type: ignore[operator]
+    sign = 1 if resolve_mode(monitor, mode) == "min" else -1
+    scored = [(score, c) for c in _newest_first(checkpoints) if (score := _score(c, monitor)) is not None]
+    scored.sort(key=lambda pair: pair[0] * sign)  # stable: among ties the newer stays first
+    return [c for _, c in scored]
 
 
 def plan(checkpoints: Sequence[CheckpointLike], retention: Retention) -> list[Decision]:

@@ -5,7 +5,7 @@ Layout of a run folder (local, a Google Drive mount, ``gs://bucket/prefix`` or `
     <run>/ckpt-000003/model.keras
     <run>/ckpt-000003/state.json
     <run>/ckpt-000003/manifest.json     <- written last: its presence commits the checkpoint
-    <run>/index.json                    <- copies of the manifests, for a two-request `list`
+    <run>/index.json                    <- what `list` shows of each manifest: a two-request `list`
 
 Nothing is renamed and nothing is rewritten in place: GCS has no atomic rename and renames on
 Drive's FUSE mount are unreliable. A folder without a manifest is an interrupted commit
@@ -29,6 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from enum import Enum
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -113,15 +114,16 @@ class CheckpointInfo:
         """The manifest's metrics (not a copy: listing many checkpoints reads them often)."""
         return self.manifest.metrics if self.manifest else {}
 
-    @property
+    @cached_property  # listings sum it for every row and for the total
     def size(self) -> int:
         """Bytes stored in the folder now (as the run index records them when not ``checked``)."""
         return sum(f.size for f in self.listed.values())
 
     @property
     def created(self) -> datetime | None:
-        if self.manifest and self.manifest.created_at:
-            return self.manifest.created_at
+        recorded = self.manifest.created_at if self.manifest else None
+        if recorded:
+            return recorded
         times = [f.modified for f in self.listed.values() if f.modified]
         return max(times) if times else None
 
@@ -446,56 +448,60 @@ class RunStorage:
 
     def _quick_list(self) -> builtins.list[CheckpointInfo]:
         """Checkpoints from one listing of folder names plus the run index (see `list`)."""
-        names, index_blob = self._names_and_index()
-        indexed = run_index.decode(index_blob) if names else {}
+        names, indexed = self._names_and_index()
         infos = []
         unindexed = []
         for name in names:
-            entry = indexed.get(name)
-            if entry is None:
-                unindexed.append(name)
-                continue
-            try:
-                manifest = Manifest.from_dict(entry["manifest"], self._url(name, MANIFEST_NAME))
-                recorded = {rel: ListedFile(e.size, e.crc32c, None) for rel, e in manifest.files.items()}
-                recorded[MANIFEST_NAME] = ListedFile(int(entry["manifest_size"]), None, None)
-            except (ResumableError, KeyError, TypeError, ValueError):
+            found = indexed.get(name)
+            if found is None:
                 unindexed.append(name)  # not indexed, or a bad entry: the folder's own manifest decides
                 continue
+            manifest, manifest_size = found
+            recorded = {rel: ListedFile(e.size, e.crc32c, None) for rel, e in manifest.files.items()}
+            recorded[MANIFEST_NAME] = ListedFile(manifest_size, None, None)
             url = self._url(name)
             infos.append(CheckpointInfo(name, url, Status.OK, manifest, listed=recorded, checked=False))
-        if len(unindexed) > QUICK_FALLBACK_FOLDERS:  # an old run without an index: one recursive listing
-            wanted = set(unindexed)
-            infos += [info for info in self.list() if info.name in wanted]
-        else:
-            for name in unindexed:
-                files = self._listing(self._path(name)).get(name)
-                if not files:
-                    continue  # an empty folder is no checkpoint, as in the full listing
-                blob = self._read(self._path(name, MANIFEST_NAME)) if MANIFEST_NAME in files else None
-                infos.append(self._info(name, files, blob))
+        infos += self._check_folders(unindexed)
         return sorted(infos, key=self._order)
 
-    def _names_and_index(self) -> tuple[builtins.list[str], bytes | None]:
-        """The folder names (one delimiter listing) and the run index, read at once where possible."""
+    def _check_folders(self, names: builtins.list[str]) -> builtins.list[CheckpointInfo]:
+        """Checkpoint folders checked from their own files and manifests (empty folders left out)."""
+        if len(names) > QUICK_FALLBACK_FOLDERS:  # an old run without an index: one recursive listing
+            wanted = set(names)
+            return [info for info in self.list() if info.name in wanted]
+        infos = []
+        for name in names:
+            files = self._listing(self._path(name)).get(name)
+            if not files:
+                continue  # an empty folder is no checkpoint, as in the full listing
+            blob = self._read(self._path(name, MANIFEST_NAME)) if MANIFEST_NAME in files else None
+            infos.append(self._info(name, files, blob))
+        return infos
+
+    def _names_and_index(self) -> tuple[builtins.list[str], dict[str, tuple[Manifest, int]]]:
+        """The folder names (one delimiter listing) and the run index's manifests, read together."""
         if not getattr(self.fs, "async_impl", False) or not hasattr(self.fs, "_ls"):
-            return self._folder_names(), self._read_index()
+            names = self._folder_names()
+            return names, _index_manifests(self._read_index()) if names else {}
         from fsspec.asyn import sync
 
+        async def indexed() -> dict[str, tuple[Manifest, int]]:
+            # Decoded here, on the event loop, while the listing's answer is still on its way.
+            return _index_manifests(await self.fs._cat_file(self._path(run_index.INDEX_NAME)))
+
         async def both() -> tuple[Any, Any]:
-            return await asyncio.gather(
-                self.fs._ls(self.root, detail=True), self.fs._cat_file(self._path(run_index.INDEX_NAME)),
-                return_exceptions=True,
-            )
+            listing = self.fs._ls(self.root, detail=True)
+            return await asyncio.gather(listing, indexed(), return_exceptions=True)
 
         if self.is_gcs:
             self.fs.invalidate_cache(self.root)  # another process may have written since
-        entries, blob = sync(self.fs.loop, both)
-        if isinstance(entries, Exception) or isinstance(blob, Exception) and not isinstance(
-            blob, FileNotFoundError
+        entries, manifests = sync(self.fs.loop, both)
+        if isinstance(entries, Exception) or isinstance(manifests, Exception) and not isinstance(
+            manifests, FileNotFoundError
         ):
-            return self._folder_names(), self._read_index()  # again, one by one, with retries
-        return self._folder_names(entries), None if isinstance(blob, Exception) else bytes(blob)
+            names = self._folder_names()  # again, one by one, with retries
+            return names, _index_manifests(self._read_index()) if names else {}
+        return self._folder_names(entries), {} if isinstance(manifests, Exception) else manifests
 
     def _folder_names(self, entries: builtins.list[dict[str, Any]] | None = None) -> builtins.list[str]:
         """The names of the folders directly in the run folder: one delimiter listing."""
@@ -511,7 +517,9 @@ class RunStorage:
                     return []
         names = []
         for entry in entries:
-            path = _strip(entry["name"], self.fs)
+            path = entry["name"].rstrip("/")
+            if "://" in path:
+                path = _strip(path, self.fs)  # listings here name paths without a protocol; cheap
             if entry.get("type") != "directory":
                 if path == self.root:
                     raise NotAFolderError(
@@ -532,7 +540,8 @@ class RunStorage:
 
         A commit that cannot update it is still committed (listing then reads its manifest),
         so that failure is a warning. A delete that cannot update it does not delete: the
-        index would vouch for a folder whose manifest is gone.
+        index would vouch for a folder whose manifest is gone. A commit also mends the index
+        (see `_mend_index`).
         """
         path = self._path(run_index.INDEX_NAME)
         try:
@@ -543,13 +552,32 @@ class RunStorage:
                         return
                     del entries[remove]
                 for name, manifest in (add or {}).items():
-                    entries[name] = {"manifest": manifest.to_dict(), "manifest_size": len(manifest.to_json())}
+                    entries[name] = run_index.entry(manifest, len(manifest.to_json()))
+                if add:
+                    self._mend_index(entries, keep=set(add))
                 data = run_index.encode(entries)
                 self._call(lambda: self._replace_file(path, data), "write index")
         except ResumableError as e:
             if remove is not None:
                 raise
             logger.warning("resumable: could not update the run index (listing reads the manifests): %s", e)
+
+    def _mend_index(self, entries: dict[str, dict[str, Any]], keep: set[str]) -> None:
+        """Add committed folders the index misses, drop entries whose folder is gone.
+
+        An index misses folders after a crash between a manifest and the index, in a run
+        written before the index existed or by another version: without this, every later
+        `list` would read those manifests. Costs one listing of the folder names per commit;
+        a run to catch up reads the missing manifests once. Entries in ``keep`` (the commit's
+        own) stay even if a slow listing does not show their folder yet.
+        """
+        names = self._folder_names()
+        present = set(names) | keep
+        for name in [n for n in entries if n not in present]:
+            del entries[name]
+        for info in self._check_folders([n for n in names if n not in entries]):
+            if info.ok and info.manifest is not None:
+                entries[info.name] = run_index.entry(info.manifest, info.listed[MANIFEST_NAME].size)
 
     def _replace_file(self, path: str, data: bytes) -> None:
         """Overwrite a small file in one step: readers see the old or the new bytes, never a mix."""
@@ -984,6 +1012,17 @@ def _protocols(fs: Any) -> tuple[str, ...]:
 
 def _is_local(fs: Any) -> bool:
     return "file" in _protocols(fs)
+
+
+def _index_manifests(blob: bytes | None) -> dict[str, tuple[Manifest, int]]:
+    """The run index's manifests (listing part) and manifest sizes by name; bad entries left out."""
+    manifests = {}
+    for name, entry in run_index.decode(blob).items():
+        try:
+            manifests[name] = run_index.manifest_of(entry)
+        except (KeyError, TypeError, ValueError, AttributeError):
+            continue  # that folder's own manifest decides
+    return manifests
 
 
 def _strip(path: str, fs: Any) -> str:

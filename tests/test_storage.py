@@ -368,6 +368,35 @@ def test_quick_list_drops_folders_gone_and_checks_folders_not_indexed(
     assert summary(quick) == summary(storage.list())
 
 
+OLD_INDEX = b'{"format":"resumable.index","format_version":1,"checkpoints":{}}'
+
+
+@pytest.mark.parametrize("old_index", [None, OLD_INDEX])
+def test_the_next_commit_mends_an_index_that_misses_checkpoints(
+    storage: RunStorage, tmp_path: Path, fs_calls: Any, old_index: bytes | None
+) -> None:
+    """A run from before the index, or with another version's index, is indexed whole again."""
+    for epoch in range(1, 13):
+        commit(storage, tmp_path, f"ckpt-{epoch:06d}", Manifest(epoch=epoch, metrics={"loss": 1 / epoch}))
+    if old_index is None:
+        storage.fs.rm_file(f"{storage.root}/index.json")
+    else:
+        put_raw(storage, old_index, "index.json")
+    storage.fs.rm(f"{storage.root}/ckpt-000002", recursive=True)  # deleted by hand
+    put_raw(storage, b"x", "ckpt-000013", "model.keras")  # an interrupted commit
+    assert all(i.checked for i in storage.list(check_files=False))  # nothing usable indexed: slow path
+
+    commit(storage, tmp_path, "ckpt-000014", Manifest(epoch=14, metrics={"loss": 0.01}))
+    indexed = json.loads(raw(storage, "index.json"))["checkpoints"]
+    # not 2 (gone), not 13 (partial)
+    assert sorted(indexed) == [f"ckpt-{e:06d}" for e in (1, *range(3, 13), 14)]
+    calls = fs_calls(storage)
+    quick = storage.list(check_files=False)
+    assert [i.name for i in quick if i.checked] == ["ckpt-000013"]  # read from its own folder
+    assert calls.get("http", 0) <= 4 if storage.is_gcs else calls["ls"] <= 2  # two requests, plus that folder
+    assert summary(quick) == summary(storage.list())
+
+
 def test_the_index_never_shows_up_as_a_checkpoint(storage: RunStorage, tmp_path: Path) -> None:
     commit(storage, tmp_path, "ckpt-000001", Manifest(epoch=1))
     assert raw(storage, "index.json").startswith(b'{"format":"resumable.index"')
