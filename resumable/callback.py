@@ -517,8 +517,9 @@ class CheckpointCallback(keras.callbacks.Callback):
             state["epoch_rng"] = self._epoch_rng
             arrays.update(keras_io.metric_arrays(self.model))
         try:
-            keras_io.save(self.model, staging, weights_only=self.save_weights_only, state=state,
-                          arrays=arrays)
+            with self.uploader.paused():  # the upload in flight waits: it would slow this save down
+                keras_io.save(self.model, staging, weights_only=self.save_weights_only, state=state,
+                              arrays=arrays)
         except OSError as e:
             if e.errno not in NO_SPACE_ERRNOS:
                 raise
@@ -562,7 +563,7 @@ class CheckpointCallback(keras.callbacks.Callback):
                 logger.warning("resumable: could not renew the writer lease before committing %s: %s",
                                name, e)
         try:
-            return self.storage.commit(staging, name, manifest)
+            return self._commit_files(staging, name, manifest)
         except CheckpointExistsError:
             # Only a checkpoint resume() found damaged may be replaced, and only if it still is.
             if name not in self._damaged or not self.storage.verify(name):
@@ -570,7 +571,11 @@ class CheckpointCallback(keras.callbacks.Callback):
         logger.warning("resumable: replacing damaged checkpoint %s", name)
         self.storage.delete(name)
         self._damaged.discard(name)
-        return self.storage.commit(staging, name, manifest)
+        return self._commit_files(staging, name, manifest)
+
+    def _commit_files(self, staging: Path, name: str, manifest: Manifest) -> CheckpointInfo:
+        return self.storage.commit(staging, name, manifest, progress=bool(self.verbose),
+                                   between_chunks=self.uploader.between_chunks)
 
     def _state(self, callback_states: dict[str, Any], step: int, batch: int) -> dict[str, Any]:
         return {

@@ -24,6 +24,19 @@ def crc32c_of_chunks(chunks: Iterable[bytes]) -> str:
     return checksum.digest().hex()
 
 
+class RunningCrc32c:
+    """A CRC32C fed a chunk at a time, for bytes checksummed while they stream elsewhere."""
+
+    def __init__(self) -> None:
+        self._checksum = google_crc32c.Checksum()
+
+    def update(self, chunk: bytes) -> None:
+        self._checksum.update(chunk)
+
+    def hex(self) -> str:
+        return self._checksum.digest().hex()
+
+
 def crc32c_of_bytes(data: bytes) -> str:
     return crc32c_of_chunks([data])
 

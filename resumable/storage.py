@@ -24,7 +24,7 @@ import logging
 import os
 import shutil
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from resumable import index as run_index
-from resumable.checksum import CHUNK_SIZE, crc32c_from_gcs, crc32c_of_chunks, crc32c_of_file
+from resumable.checksum import CHUNK_SIZE, RunningCrc32c, crc32c_from_gcs, crc32c_of_chunks, crc32c_of_file
 from resumable.display import human_size
 from resumable.errors import (
     CheckpointExistsError,
@@ -61,6 +61,7 @@ logger = logging.getLogger("resumable")
 
 READ_THREADS = 16  # manifests read at once from a blocking filesystem (local disk, Drive)
 PROGRESS_MIN_BYTES = 4 * 1024 * 1024  # files at least this big get a progress bar when asked
+UPLOAD_BLOCK = 50 * 2**20  # bytes per GCS upload request, as gcsfs' put_file sends them
 QUICK_FALLBACK_FOLDERS = 8  # more folders missing from the run index: one recursive listing instead
 
 DRIVE_MOUNT = "/content/drive/"
@@ -328,14 +329,16 @@ class RunStorage:
     # ----------------------------------------------------------------- writing
 
     def commit(self, local_dir: str | Path, name: str, manifest: Manifest, *,
-               progress: bool = False) -> CheckpointInfo:
+               progress: bool = False, between_chunks: Callable[[], None] | None = None) -> CheckpointInfo:
         """Copy the files under ``local_dir`` into folder ``name``, then write the manifest.
 
         The manifest records each file's size and CRC32C and is written last, create-only:
         a committed checkpoint is never overwritten (CheckpointExistsError). Leftovers of an
-        interrupted commit under the same name are removed first. Files are streamed, never
-        read whole into memory. ``progress`` shows a tqdm bar with the throughput for files of
-        ``PROGRESS_MIN_BYTES`` or more.
+        interrupted commit under the same name are removed first. Files are streamed in
+        chunks and checksummed as they are sent, never read whole into memory. ``progress``
+        shows a tqdm bar with the throughput for files of ``PROGRESS_MIN_BYTES`` or more.
+        ``between_chunks`` is called before each chunk is sent (background uploads wait
+        there while the next checkpoint is being serialized; see `Uploader.paused`).
         """
         _check_name(name)
         source = Path(local_dir)
@@ -348,15 +351,15 @@ class RunStorage:
         }
         if not files:
             raise ResumableError(f"{source}: no files to commit as {self._url(name)}")
-        entries = {rel: FileEntry(p.stat().st_size, crc32c_of_file(p)) for rel, p in files.items()}
         self._clear_leftovers(name)
-        manifest = replace(manifest, files=entries, created=now_iso())
+        entries = {}
         try:
             for rel, path in files.items():
-                self._upload(path, name, rel, entries[rel], progress)
+                entries[rel] = self._upload(path, name, rel, progress, between_chunks or _go_on)
+            manifest = replace(manifest, files=entries, created=now_iso())
             self._write_manifest(name, manifest.to_json())
         except NoSpaceError as e:
-            needed = human_size(sum(entry.size for entry in entries.values()))
+            needed = human_size(sum(path.stat().st_size for path in files.values()))
             raise NoSpaceError(
                 f"{self._url(name)}: no space left to commit this checkpoint ({needed} needed"
                 f"{free_space(self.root) if self.is_local else ''}); older checkpoints are kept: "
@@ -688,26 +691,62 @@ class RunStorage:
             logger.info("resumable: removing leftovers of an interrupted save in %s", self._url(name))
         self.delete(name)
 
-    def _upload(self, local: Path, name: str, rel: str, entry: FileEntry, progress: bool = False) -> None:
+    def _upload(self, local: Path, name: str, rel: str, progress: bool,
+                between_chunks: Callable[[], None]) -> FileEntry:
+        """Upload one file and check the stored copy; returns its size and CRC32C as sent."""
         remote = self._path(name, rel)
 
-        def put_and_check() -> None:
+        def put_and_check() -> FileEntry:
             if self.is_local:
                 os.makedirs(os.path.dirname(remote), exist_ok=True)
-            self._transfer(self.fs.put_file, str(local), remote, entry.size, progress, f"upload {rel}")
+            sent = self._put(local, remote, progress, f"upload {rel}", between_chunks)
             if self.is_local:
                 _fsync(remote)  # on disk before the manifest that vouches for it
             listed = _listed_file(self.fs.info(remote))
-            if listed.size != entry.size or (listed.crc32c and listed.crc32c != entry.crc32c):
+            if listed.size != sent.size or (listed.crc32c and listed.crc32c != sent.crc32c):
                 # a short or damaged upload: worth another try
                 found = FileEntry(listed.size, listed.crc32c or "?")
-                raise OSError(errno.EIO, f"uploaded copy differs: {_mismatch(entry, found)}")
+                raise OSError(errno.EIO, f"uploaded copy differs: {_mismatch(sent, found)}")
+            return sent
 
         with self._errors(self._url(name, rel)):
-            self._call(put_and_check, f"upload {name}/{rel}")
+            entry: FileEntry = self._call(put_and_check, f"upload {name}/{rel}")
+        return entry
+
+    def _put(self, local: Path, remote: str, progress: bool, what: str,
+             between_chunks: Callable[[], None]) -> FileEntry:
+        """Stream ``local`` to ``remote`` a chunk at a time; the size and CRC32C of what was sent.
+
+        One read of the file serves the upload and its checksum. On GCS the chunks go out as
+        resumable-upload requests of ``UPLOAD_BLOCK`` bytes (a smaller file in one request).
+        """
+        size = local.stat().st_size
+        options = {"block_size": UPLOAD_BLOCK} if self.is_gcs else {}
+        bar = _progress_bar(size, what) if progress and size >= PROGRESS_MIN_BYTES else None
+        checksum = RunningCrc32c()
+        sent = 0
+        try:
+            with open(local, "rb") as source:
+                target = self.fs.open(remote, "wb", **options)
+                try:
+                    for chunk in iter(lambda: source.read(CHUNK_SIZE), b""):
+                        between_chunks()
+                        target.write(chunk)
+                        checksum.update(chunk)
+                        sent += len(chunk)
+                        if bar is not None:
+                            bar.update(len(chunk))
+                except BaseException:
+                    _abandon(target)
+                    raise
+                target.close()
+        finally:
+            if bar is not None:
+                bar.close()
+        return FileEntry(sent, checksum.hex())
 
     def _transfer(self, method: Any, source: str, target: str, size: int, progress: bool, what: str) -> None:
-        """``fs.put_file`` or ``fs.get_file``, with a progress bar for big files when asked."""
+        """``fs.get_file``, with a progress bar for big files when asked."""
         if not progress or size < PROGRESS_MIN_BYTES:
             method(source, target)
             return
@@ -1012,6 +1051,28 @@ def _protocols(fs: Any) -> tuple[str, ...]:
 
 def _is_local(fs: Any) -> bool:
     return "file" in _protocols(fs)
+
+
+def _go_on() -> None:
+    """The default ``between_chunks``: no pause."""
+
+
+def _abandon(target: Any) -> None:
+    """Give up a half-written remote file: a GCS upload is cancelled, a local file is overwritten later."""
+    discard = getattr(target, "discard", None)
+    if callable(discard):
+        with contextlib.suppress(Exception):
+            discard()
+    else:
+        with contextlib.suppress(Exception):
+            target.close()
+
+
+def _progress_bar(size: int, what: str) -> Any:
+    from tqdm import tqdm
+
+    return tqdm(total=size, desc=f"resumable: {what}", unit="B", unit_scale=True, unit_divisor=1024,
+                leave=False, mininterval=0.5)
 
 
 def _index_manifests(blob: bytes | None) -> dict[str, tuple[Manifest, int]]:

@@ -121,13 +121,13 @@ def test_retries_are_bounded_and_a_failed_commit_loses_nothing(
     for epoch in (1, 2):
         commit(storage, tmp_path, epoch)
     before = snapshot(storage)
-    puts = faults.count("put_file")
+    puts = faults.count("open_write")  # uploads stream through open(..., "wb")
     faults.ops, faults.fail_first = WRITES, 1000  # the mount never comes back
     with caplog.at_level(logging.WARNING, logger="resumable"), pytest.raises(StorageError) as caught:
         commit(storage, tmp_path, 3)
     message = str(caught.value)
     assert "\n" not in message and storage.url in message and "Input/output error" in message
-    assert faults.count("put_file") - puts == RETRY.attempts  # bounded: one try and three retries
+    assert faults.count("open_write") - puts == RETRY.attempts  # bounded: one try and three retries
     assert retries_logged(caplog) == RETRY.attempts - 1
     logged = "upload ckpt-000003/model.keras failed (OSError: [Errno 5] Input/output error); retry 1 of 3"
     assert logged in caplog.text

@@ -11,9 +11,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from resumable import RunStorage
+from resumable.checksum import CHUNK_SIZE
 from resumable.errors import StorageError
 from resumable.manifest import Manifest
 from resumable.retry import RetryPolicy
@@ -24,7 +26,8 @@ FAST_RETRY = RetryPolicy(attempts=3, initial_delay=0.01, max_delay=0.01)
 
 
 class GatedFS:
-    """Wraps an fsspec filesystem: put_file blocks until `gate` is set, or fails `failures` times."""
+    """Wraps an fsspec filesystem: each upload of a payload file (an ``open`` for writing, which
+    is how RunStorage streams them) blocks until `gate` is set, or fails `failures` times."""
 
     def __init__(self, fs: Any, gate: threading.Event | None = None, failures: int = 0) -> None:
         self._fs = fs
@@ -36,15 +39,16 @@ class GatedFS:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._fs, name)
 
-    def put_file(self, lpath: str, rpath: str, **kwargs: Any) -> Any:
-        self.puts.append(rpath)
-        self.entered.set()
-        if self.gate is not None:
-            assert self.gate.wait(30), "the test never opened the gate"
-        if self.failures:
-            self.failures -= 1
-            raise OSError(errno.EIO, "Input/output error (injected)")
-        return self._fs.put_file(lpath, rpath, **kwargs)
+    def open(self, path: str, mode: str = "rb", **kwargs: Any) -> Any:
+        if "w" in mode and not path.endswith(".tmp"):  # not the local run index's temporary file
+            self.puts.append(path)
+            self.entered.set()
+            if self.gate is not None:
+                assert self.gate.wait(30), "the test never opened the gate"
+            if self.failures:
+                self.failures -= 1
+                raise OSError(errno.EIO, "Input/output error (injected)")
+        return self._fs.open(path, mode, **kwargs)
 
 
 def stage(root: Path, epoch: int, size: int = 1000) -> tuple[Path, str, Manifest]:
@@ -71,7 +75,7 @@ def test_submit_returns_at_once_and_a_newer_job_replaces_the_waiting_one(
 
     started = time.monotonic()
     uploader.submit(*jobs[0])
-    assert storage.fs.entered.wait(10)  # ckpt 1 is in flight, blocked in put_file
+    assert storage.fs.entered.wait(10)  # ckpt 1 is in flight, blocked in its upload
     uploader.submit(*jobs[1])  # waits
     uploader.submit(*jobs[2])  # replaces ckpt 2
     assert time.monotonic() - started < 5  # nothing waited for the upload (the gate is closed)
@@ -185,9 +189,10 @@ from resumable.uploader import Uploader
 class SlowFS:
     def __init__(self, fs): self._fs = fs
     def __getattr__(self, name): return getattr(self._fs, name)
-    def put_file(self, lpath, rpath, **kwargs):
-        time.sleep(1.0)
-        return self._fs.put_file(lpath, rpath, **kwargs)
+    def open(self, path, mode="rb", **kwargs):
+        if "w" in mode:
+            time.sleep(1.0)
+        return self._fs.open(path, mode, **kwargs)
 
 root, url = Path(sys.argv[1]), sys.argv[2]
 storage = RunStorage(url)
@@ -226,3 +231,48 @@ def test_big_transfers_show_a_progress_bar(
     assert "resumable: upload model.keras" in err and "resumable: download model.keras" in err
     assert "B/s" in err  # throughput
     assert "state.json" not in err  # small files get no bar
+
+
+def test_paused_holds_the_upload_in_flight_between_chunks(tmp_path: Path) -> None:
+    """While the next checkpoint serializes, the upload waits; it goes on when the save is done."""
+    storage = RunStorage(str(tmp_path / "run"), retry=FAST_RETRY)
+    chunks: list[float] = []
+    uploader: Uploader
+
+    def commit(staged: Path, name: str, manifest: Manifest) -> Any:
+        def between_chunks() -> None:
+            chunks.append(time.monotonic())
+            uploader.between_chunks()
+
+        return storage.commit(staged, name, manifest, between_chunks=between_chunks)
+
+    uploader = Uploader(storage, commit=commit)
+    folder, name, manifest = stage(tmp_path, 1, size=3 * CHUNK_SIZE)  # three chunks
+    with uploader.paused():
+        uploader.submit(folder, name, manifest)
+        time.sleep(0.5)
+        assert uploader.in_progress(name) and len(chunks) == 1  # held before its first chunk
+        assert committed(storage) == []
+        # the caller's own commits never wait, paused or not (synchronous saves run in its thread)
+        other = stage(tmp_path, 2, size=3 * CHUNK_SIZE)
+        assert storage.commit(*other, between_chunks=uploader.between_chunks).ok
+        released = time.monotonic()
+    assert uploader.wait(30)
+    assert committed(storage) == ["ckpt-000001", "ckpt-000002"]
+    assert len(chunks) == 3 + 1  # three chunks of model.keras, one of state.json
+    assert chunks[1] >= released  # the second chunk went only after the pause
+
+
+def test_a_verbose_callback_shows_upload_progress(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    import keras
+
+    import resumable
+
+    model = keras.Sequential([keras.Input((1024,)), keras.layers.Dense(1024), keras.layers.Dense(1)])
+    model.compile(optimizer="adam", loss="mse")  # 4 MB of weights, 12 MB with Adam's slots
+    x, y = np.zeros((8, 1024), "float32"), np.zeros((8, 1), "float32")
+    checkpoint = resumable.CheckpointCallback(
+        str(tmp_path / "run"), staging_dir=tmp_path / "stage", verbose=1)
+    model.fit(x, y, epochs=1, verbose=0, callbacks=[checkpoint])
+    err = capfd.readouterr().err
+    assert "resumable: upload model.keras" in err and "B/s" in err
