@@ -149,12 +149,15 @@ def measure(fs: object, run: str, count: int, repeat: int) -> dict[str, float]:
 
 
 @contextlib.contextmanager
-def emulator() -> Iterator[str]:
-    """The running emulator of STORAGE_EMULATOR_HOST, else a fresh fake-gcs-server process."""
+def emulator(nice: int = 0) -> Iterator[str]:
+    """The running emulator of STORAGE_EMULATOR_HOST, else a fresh fake-gcs-server process.
+
+    ``nice`` lowers the fresh one's CPU priority (see bench_save.py's ``--emulator-nice``).
+    """
     if os.environ.get("STORAGE_EMULATOR_HOST"):
         yield os.environ["STORAGE_EMULATOR_HOST"]
         return
-    with fake_gcs_server() as endpoint:
+    with fake_gcs_server(nice) as endpoint:
         point_gcs_clients_at(endpoint)
         yield endpoint
 

@@ -23,5 +23,6 @@ def test_bench_save_tiny_prints_its_tables(gcs_server: str) -> None:
     for row in ("1. no checkpointing", "2. ModelCheckpoint .keras, local",
                 "3. CheckpointCallback gs://, background", "4. CheckpointCallback gs://, async_upload=False"):
         assert row in out
-    assert "blocked per save, 3/2 =" in out and "resume: `resume()`" in out
+    assert "background uploads, 3/2: blocked per save" in out and "resume: `resume()`" in out
+    assert "CPU/epoch, this process" in out
     assert "written to" not in out  # the tiny run never rewrites the docs
