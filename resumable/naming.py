@@ -22,6 +22,8 @@ import string
 from collections.abc import Mapping
 from typing import Any
 
+from resumable.errors import ResumableError
+
 DEFAULT_TEMPLATE = "ckpt-{epoch:06d}"
 STEP_SUFFIX = "-step-{step:09d}"
 
@@ -108,3 +110,9 @@ def _pattern(template: str, has_step: bool) -> str:
     if not has_step:
         parts.append(r"(?:-step-(?P<step>\d+))?")
     return "".join(parts)
+
+
+def check_name(name: str) -> None:
+    """A checkpoint (or run file) name must be one plain folder name: never a path."""
+    if not name or "/" in name or name in (".", ".."):
+        raise ResumableError(f"invalid checkpoint name {name!r}: expected a plain folder name")

@@ -19,11 +19,9 @@ import asyncio
 import builtins
 import contextlib
 import errno
-import json
 import logging
 import os
 import shutil
-import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -46,9 +44,11 @@ from resumable.errors import (
     StorageError,
     UnsupportedFormatError,
 )
+from resumable.local_files import fsync
 from resumable.manifest import MANIFEST_NAME, FileEntry, Manifest, now_iso
-from resumable.naming import DEFAULT_TEMPLATE, NameTemplate
+from resumable.naming import DEFAULT_TEMPLATE, NameTemplate, check_name
 from resumable.retry import RetryPolicy
+from resumable.run_files import RunFiles
 from resumable.storage_errors import BoundedRequest, free_space, translate
 
 # gcsfs 2026.x probes every bucket over gRPC first, which stalls about a minute against
@@ -129,7 +129,7 @@ class CheckpointInfo:
         return max(times) if times else None
 
 
-class RunStorage:
+class RunStorage(RunFiles):
     """A run folder of checkpoints behind any fsspec URL.
 
     Example:
@@ -340,7 +340,7 @@ class RunStorage:
         ``between_chunks`` is called before each chunk is sent (background uploads wait
         there while the next checkpoint is being serialized; see `Uploader.paused`).
         """
-        _check_name(name)
+        check_name(name)
         source = Path(local_dir)
         if not source.is_dir():
             raise ResumableError(f"{source}: no such folder to commit as {self._url(name)}")
@@ -372,7 +372,7 @@ class RunStorage:
     def delete(self, checkpoint: CheckpointInfo | str) -> None:
         """Delete a checkpoint folder: the manifest first, so a half-done delete reads as partial."""
         name = checkpoint if isinstance(checkpoint, str) else checkpoint.name
-        _check_name(name)
+        check_name(name)
         files = self._listing(self._path(name)).get(name, {})
         if MANIFEST_NAME in files:
             self._update_index(remove=name)  # before the manifest goes: the index never outlives it
@@ -590,7 +590,7 @@ class RunStorage:
         temporary = f"{path}.{os.getpid()}.tmp"
         with self.fs.open(temporary, "wb") as f:
             f.write(data)
-        _fsync(temporary)
+        fsync(temporary)
         os.replace(temporary, path)  # a crash leaves the old index and a stray .tmp, never half an index
 
     def _cat_or_error(self, path: str) -> bytes | Exception:
@@ -701,7 +701,7 @@ class RunStorage:
                 os.makedirs(os.path.dirname(remote), exist_ok=True)
             sent = self._put(local, remote, progress, f"upload {rel}", between_chunks)
             if self.is_local:
-                _fsync(remote)  # on disk before the manifest that vouches for it
+                fsync(remote)  # on disk before the manifest that vouches for it
             listed = _listed_file(self.fs.info(remote))
             if listed.size != sent.size or (listed.crc32c and listed.crc32c != sent.crc32c):
                 # a short or damaged upload: worth another try
@@ -773,8 +773,8 @@ class RunStorage:
                 os.makedirs(os.path.dirname(path), exist_ok=True)
                 with self.fs.open(path, "xb") as f:  # exclusive create, as GCS' ifGenerationMatch=0
                     f.write(data)
-                _fsync(path)
-                _fsync(os.path.dirname(path))  # the folder entry, so the manifest survives a crash
+                fsync(path)
+                fsync(os.path.dirname(path))  # the folder entry, so the manifest survives a crash
             else:
                 self.fs.pipe_file(path, data, mode="create")
 
@@ -807,156 +807,6 @@ class RunStorage:
         except Exception as e:
             raise translate(e, where, self.url, self.root, is_gcs=self.is_gcs, is_local=self.is_local) from e
 
-    # ----------------------------------------------------------------- small files in the run folder
-    # Compare-and-swap on one small file directly in the run folder (the writer's lease,
-    # resumable.lease): never a checkpoint, since listings skip files there. A version names
-    # what was read or written: the object's generation on GCS, the bytes themselves elsewhere.
-
-    _run_file_lock = threading.Lock()  # memory:// and other backends without preconditions
-
-    def read_run_file(self, name: str) -> tuple[bytes, Any] | None:
-        """``(bytes, version)`` of file ``name`` directly in the run folder, or None if absent."""
-        path = self._run_file_path(name)
-
-        def read() -> tuple[bytes, Any]:
-            if self.is_gcs:
-                bucket, key, _ = self.fs.split_path(path)
-                headers, data = self.fs.call("GET", "b/{}/o/{}", bucket, key, alt="media")
-                generation = headers.get("X-Goog-Generation") or self.fs.info(path).get("generation")
-                return bytes(data), str(generation)
-            data = bytes(self.fs.cat_file(path))
-            return data, data
-
-        try:
-            with self._errors(self._url(name)):
-                result: tuple[bytes, Any] = self._call(read, f"read {name}")
-                return result
-        except FileNotFoundError:
-            return None
-
-    def create_run_file(self, name: str, data: bytes) -> Any | None:
-        """Create file ``name`` holding ``data`` only if it is absent; its version, or None if present.
-
-        Readers never see it half-written: GCS' ``ifGenerationMatch=0``; locally a hard link
-        of a complete temporary file (exclusive create where links are unsupported).
-        """
-        path = self._run_file_path(name)
-
-        def create() -> Any:
-            if self.is_gcs:
-                return self._gcs_write(path, data, 0)
-            if self.is_local:
-                _create_whole(path, data)
-            else:
-                self.fs.pipe_file(path, data, mode="create")
-            return data
-
-        try:
-            with self._errors(self._url(name)):
-                return self._call(create, f"create {name}")
-        except FileExistsError:
-            return None
-
-    def replace_run_file(self, name: str, data: bytes, version: Any) -> Any | None:
-        """Replace file ``name`` with ``data`` only if it still is ``version``; the new version, or None."""
-        path = self._run_file_path(name)
-
-        def swap() -> Any:
-            if self.is_gcs:
-                return self._gcs_write(path, data, int(version))
-            with self._run_file_locked(path):
-                if self._current(path) != version:
-                    return None
-                self._replace_file(path, data)
-                if self.is_local:
-                    _fsync(os.path.dirname(path))
-                return data
-
-        try:
-            with self._errors(self._url(name)):
-                return self._call(swap, f"replace {name}")
-        except (FileExistsError, FileNotFoundError):  # 412: another generation, or none
-            return None
-
-    def delete_run_file(self, name: str, version: Any) -> bool:
-        """Delete file ``name`` only if it still is ``version``; False when it changed or is gone."""
-        path = self._run_file_path(name)
-
-        def delete() -> bool:
-            if self.is_gcs:
-                bucket, key, _ = self.fs.split_path(path)
-                found = self.read_run_file(name)
-                if found is None or found[1] != version:
-                    return False
-                self.fs.call("DELETE", "b/{}/o/{}", bucket, key, ifGenerationMatch=str(version))
-                self.fs.invalidate_cache(path)
-                return True
-            with self._run_file_locked(path):
-                if self._current(path) != version:
-                    return False
-                self.fs.rm_file(path)
-                return True
-
-        try:
-            with self._errors(self._url(name)):
-                deleted: bool = self._call(delete, f"delete {name}")
-                return deleted
-        except (FileExistsError, FileNotFoundError):
-            return False
-
-    def _run_file_path(self, name: str) -> str:
-        _check_name(name)
-        return self._path(name)
-
-    def _current(self, path: str) -> bytes | None:
-        try:
-            return bytes(self.fs.cat_file(path))
-        except FileNotFoundError:
-            return None
-
-    @contextlib.contextmanager
-    def _run_file_locked(self, path: str) -> Iterator[None]:
-        """Read-compare-write without a writer in between: flock on the folder locally, else a lock."""
-        if not self.is_local:
-            with self._run_file_lock:
-                yield
-            return
-        try:
-            import fcntl
-        except ImportError:  # not POSIX: the window is a few microseconds
-            yield
-            return
-        folder = os.path.dirname(path)
-        fd = os.open(folder, os.O_RDONLY)
-        try:
-            with contextlib.suppress(OSError):  # some FUSE mounts cannot lock: go on without
-                fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)  # releases the lock
-
-    def _gcs_write(self, path: str, data: bytes, generation: int) -> str:
-        """One object write with ``ifGenerationMatch`` (0: only if absent); the new generation.
-
-        gcsfs' pipe_file only offers the create-only precondition, so this sends its multipart
-        request with any generation. A mismatch is HTTP 412, which gcsfs raises as FileExistsError.
-        """
-        from urllib.parse import quote
-
-        bucket, key, _ = self.fs.split_path(path)
-        meta = json.dumps({"name": key, "contentType": "application/json"})
-        body = (
-            "--==0==\nContent-Type: application/json; charset=UTF-8\n\n" + meta
-            + "\n--==0==\nContent-Type: application/json\n\n"
-        ).encode() + data + b"\n--==0==--"
-        answer = self.fs.call(
-            "POST", f"{self.fs._location}/upload/storage/v1/b/{quote(bucket)}/o",
-            uploadType="multipart", headers={"Content-Type": 'multipart/related; boundary="==0=="'},
-            data=body, json_out=True, ifGenerationMatch=str(generation),
-        )
-        self.fs.invalidate_cache(path)
-        return str(answer["generation"])
-
 
 def _listed_file(detail: dict[str, Any]) -> ListedFile:
     crc = detail.get("crc32c")
@@ -983,38 +833,6 @@ def _partial_newer_than(
     return sorted(n for n, k in keys.items() if k is not None and (newest is None or k > newest))
 
 
-def _create_whole(path: str, data: bytes) -> None:
-    """Create ``path`` holding ``data``; FileExistsError if it exists. Never seen half-written."""
-    folder = os.path.dirname(path)
-    os.makedirs(folder, exist_ok=True)
-    temporary = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
-    with open(temporary, "wb") as f:
-        f.write(data)
-    _fsync(temporary)
-    try:
-        os.link(temporary, path)  # exclusive, and the content is complete before the name appears
-    except FileExistsError:
-        raise
-    except OSError:  # no hard links (some FUSE mounts): exclusive create, then write
-        with open(path, "xb") as f:
-            f.write(data)
-        _fsync(path)
-    finally:
-        os.unlink(temporary)
-    _fsync(folder)
-
-
-def _fsync(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    except OSError as e:
-        if e.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):  # some mounts cannot fsync
-            raise
-    finally:
-        os.close(fd)
-
-
 def _newer_format(blob: bytes | Exception) -> bool:
     if isinstance(blob, Exception):
         return False
@@ -1037,11 +855,6 @@ def _mismatch(expected: FileEntry, actual: FileEntry) -> str:
     if expected.size != actual.size:
         return f"size {actual.size} bytes, manifest says {expected.size}"
     return f"crc32c {actual.crc32c}, manifest says {expected.crc32c}"
-
-
-def _check_name(name: str) -> None:
-    if not name or "/" in name or name in (".", ".."):
-        raise ResumableError(f"invalid checkpoint name {name!r}: expected a plain folder name")
 
 
 def _protocols(fs: Any) -> tuple[str, ...]:
