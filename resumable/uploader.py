@@ -145,7 +145,7 @@ class Uploader:
         """Hold the upload in flight between two chunks while the caller serializes a checkpoint.
 
         The upload and the serialization compete for the same CPU, disk and (on a Drive mount)
-        FUSE daemon; holding the upload keeps the save as fast as an unaccompanied local save.
+        FUSE daemon, and the serialization is what training waits for; the upload can wait.
         The hold lasts at most ``PAUSE_LIMIT`` seconds. Only the worker thread ever waits.
         """
         self._unpaused.clear()
