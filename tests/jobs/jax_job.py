@@ -31,13 +31,11 @@ import sys
 from typing import Any
 
 # Shared with the TensorFlow job; its module level imports neither TensorFlow nor Keras.
-from train_job import save_weights, sleep_callback
+from train_job import FEATURES, data, save_weights, sleep_callback
 
 os.environ["KERAS_BACKEND"] = "jax"
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
-SAMPLES = 512
-FEATURES = 16
 BATCH = 32  # global batch size, whatever the number of processes
 
 
@@ -75,17 +73,6 @@ def seed_everything(seed: int) -> None:
     global_state.set_global_attribute(seed_generator.GLOBAL_SEED_GENERATOR, None)
     random.seed(seed)
     np.random.seed(seed)
-
-
-def data(seed: int) -> tuple[Any, Any, Any, Any]:
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    x = rng.normal(size=(SAMPLES, FEATURES)).astype("float32")
-    w = rng.normal(size=(FEATURES, 1)).astype("float32")
-    y = (np.tanh(x @ w) + 0.1 * rng.normal(size=(SAMPLES, 1))).astype("float32")
-    split = SAMPLES * 3 // 4
-    return x[:split], y[:split], x[split:], y[split:]
 
 
 def build_model(seed: int, dropout: bool) -> Any:
