@@ -191,7 +191,8 @@ def _add_selection(parser: argparse.ArgumentParser) -> argparse._MutuallyExclusi
 
 def _cmd_list(args: argparse.Namespace) -> int:
     storage, infos = _load(args.url, check_files=args.deep)
-    ranking = _ranking(infos, args.monitor, args.mode)
+    recorded = _metric_names(infos)
+    ranking = _ranking(infos, args.monitor, args.mode, recorded)
     latest = _latest_good(infos)
     best_one = ranking.best(infos)
     if args.json:
@@ -205,7 +206,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
     if not infos:
         _out(f"no checkpoints in {storage.url}")
         return EXIT_OK
-    metrics = [args.monitor] if args.monitor else _metric_names(infos)
+    metrics = [args.monitor] if args.monitor else recorded
     notes = {id(latest): "latest", id(best_one): "best"}
     if latest is best_one:
         notes = {id(latest): "latest, best"}
@@ -213,7 +214,8 @@ def _cmd_list(args: argparse.Namespace) -> int:
     columns = [["NAME", *[i.name for i in infos]],
                ["EPOCH", *[_num(i.epoch) for i in infos]],
                ["STEP", *[_num(i.step) for i in infos]]]
-    columns += [[m, *[_value(i.metrics.get(m)) for i in infos]] for m in metrics]
+    logged = [i.metrics for i in infos]
+    columns += [[m, *[_value(row.get(m)) for row in logged]] for m in metrics]
     columns += [["SIZE", *[human_size(i.size) for i in infos]],
                 ["CREATED", *[local_time(i.created) for i in infos]],
                 ["STATUS", *[i.status.value for i in infos]],
@@ -392,7 +394,8 @@ def _cmd_prune(args: argparse.Namespace) -> int:
         if value is not None and value < 1:
             raise UsageError(f"--{option.replace('_', '-')} must be >= 1, got {value}")
     storage, infos = _load(args.url)
-    ranking = _ranking(infos, args.monitor, args.mode)
+    recorded = _metric_names(infos)
+    ranking = _ranking(infos, args.monitor, args.mode, recorded)
     if args.keep_best and ranking.monitor is None:
         raise UsageError("--keep-best needs --monitor METRIC: no checkpoint recorded a metric to rank by")
     retention = Retention(
@@ -587,9 +590,13 @@ class _Ranking:
                 f"{better} is better, {self.source})")
 
 
-def _ranking(infos: Sequence[CheckpointInfo], monitor: str | None, mode: str | None) -> _Ranking:
-    """The metric to rank by: as asked, else as the callback recorded, else Keras' default val_loss."""
-    recorded = _metric_names(infos)
+def _ranking(
+    infos: Sequence[CheckpointInfo], monitor: str | None, mode: str | None, recorded: Sequence[str]
+) -> _Ranking:
+    """The metric to rank by: as asked, else as the callback recorded, else Keras' default val_loss.
+
+    ``recorded``: the metrics the checkpoints logged (`_metric_names`).
+    """
     state = _recorded_state(infos)
     if monitor is not None:
         if infos and monitor not in recorded:

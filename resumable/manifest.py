@@ -10,7 +10,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, NamedTuple
 
 from resumable.errors import CorruptCheckpointError, UnsupportedFormatError
 
@@ -19,8 +19,7 @@ FORMAT_NAME = "resumable.checkpoint"
 FORMAT_VERSION = 1
 
 
-@dataclass(frozen=True)
-class FileEntry:
+class FileEntry(NamedTuple):  # a tuple, not a dataclass: `list` makes one per file of every checkpoint
     """One payload file: its size in bytes and CRC32C as 8 hex digits."""
 
     size: int
