@@ -182,6 +182,7 @@ class RunStorage(RunFiles):
         self.is_local = _is_local(self.fs)
         self.is_gcs = "gs" in _protocols(self.fs)
         self._credentials_checked = not self.is_gcs
+        self._index_mended = False  # see `_update_index`
         self.truncate_before_delete = (
             truncate_before_delete
             if truncate_before_delete is not None
@@ -557,7 +558,10 @@ class RunStorage(RunFiles):
         A commit that cannot update it is still committed (listing then reads its manifest),
         so that failure is a warning. A delete that cannot update it does not delete: the
         index would vouch for a folder whose manifest is gone. A commit also mends the index
-        (see `_mend_index`).
+        (see `_mend_index`) when it may miss checkpoints: at this storage's first commit (a
+        crash of another process, a run from before the index), when the index read is empty
+        or of another version, and after a failed update. Later commits keep it whole
+        themselves and skip that listing.
         """
         path = self._path(run_index.INDEX_NAME)
         try:
@@ -569,11 +573,14 @@ class RunStorage(RunFiles):
                     del entries[remove]
                 for name, manifest in (add or {}).items():
                     entries[name] = run_index.entry(manifest, len(manifest.to_json()))
-                if add:
-                    self._mend_index(entries, keep=set(add))
+                mend = bool(add) and (not self._index_mended or len(entries) <= len(add))
+                if mend:
+                    self._mend_index(entries, keep=set(add or ()))
                 data = run_index.encode(entries)
                 self._call(lambda: self._replace_file(path, data), "write index")
+                self._index_mended = self._index_mended or mend
         except ResumableError as e:
+            self._index_mended = False  # it may now miss a checkpoint: the next commit mends it
             if remove is not None:
                 raise
             logger.warning("resumable: could not update the run index (listing reads the manifests): %s", e)
@@ -583,8 +590,8 @@ class RunStorage(RunFiles):
 
         An index misses folders after a crash between a manifest and the index, in a run
         written before the index existed or by another version: without this, every later
-        `list` would read those manifests. Costs one listing of the folder names per commit;
-        a run to catch up reads the missing manifests once. Entries in ``keep`` (the commit's
+        `list` would read those manifests. Costs one listing of the folder names; a run to
+        catch up reads the missing manifests once. Entries in ``keep`` (the commit's
         own) stay even if a slow listing does not show their folder yet.
         """
         names = self._folder_names()

@@ -27,6 +27,7 @@ from resumable import (
     RunStorage,
     Status,
 )
+from resumable import index as run_index
 from resumable.checksum import crc32c_of_bytes
 from resumable.manifest import MANIFEST_NAME
 from resumable.naming import NameTemplate
@@ -395,6 +396,42 @@ def test_the_next_commit_mends_an_index_that_misses_checkpoints(
     assert [i.name for i in quick if i.checked] == ["ckpt-000013"]  # read from its own folder
     assert calls.get("http", 0) <= 4 if storage.is_gcs else calls["ls"] <= 2  # two requests, plus that folder
     assert summary(quick) == summary(storage.list())
+
+
+def test_only_commits_that_may_find_the_index_incomplete_list_the_folder_to_mend_it(
+    storage: RunStorage, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A storage's first commit mends; later ones keep the index whole and skip that listing."""
+    mends: list[str] = []
+    original = storage._mend_index
+
+    def counting(entries: dict[str, Any], keep: set[str]) -> None:
+        mends.append(next(iter(keep)))
+        original(entries, keep)
+
+    monkeypatch.setattr(storage, "_mend_index", counting)
+    for epoch in (1, 2, 3):
+        commit(storage, tmp_path, f"ckpt-{epoch:06d}", Manifest(epoch=epoch))
+    assert mends == ["ckpt-000001"]
+
+    storage.fs.rm_file(f"{storage.root}/index.json")  # lost under a running process: mended again
+    commit(storage, tmp_path, "ckpt-000004", Manifest(epoch=4))
+    assert mends == ["ckpt-000001", "ckpt-000004"]
+    assert indexed(storage) == [f"ckpt-{e:06d}" for e in (1, 2, 3, 4)]
+
+    # a crash between a manifest and the index (here: ckpt-000004's entry taken out by hand)
+    entries = run_index.decode(raw(storage, "index.json"))
+    del entries["ckpt-000004"]
+    put_raw(storage, run_index.encode(entries), "index.json")
+    commit(storage, tmp_path, "ckpt-000005", Manifest(epoch=5))  # this storage: trusts its index
+    assert "ckpt-000004" not in indexed(storage)
+    assert summary(storage.list(check_files=False)) == summary(storage.list())  # listing checks that folder
+    commit(RunStorage(storage.url), tmp_path, "ckpt-000006", Manifest(epoch=6))  # another process: mends
+    assert indexed(storage) == [f"ckpt-{e:06d}" for e in range(1, 7)]
+
+
+def indexed(storage: RunStorage) -> list[str]:
+    return sorted(run_index.decode(raw(storage, "index.json")))
 
 
 def test_the_index_never_shows_up_as_a_checkpoint(storage: RunStorage, tmp_path: Path) -> None:
