@@ -149,15 +149,16 @@ def measure(fs: object, run: str, count: int, repeat: int) -> dict[str, float]:
 
 
 @contextlib.contextmanager
-def emulator(nice: int = 0) -> Iterator[str]:
+def emulator(nice: int = 0, cpus: set[int] | None = None) -> Iterator[str]:
     """The running emulator of STORAGE_EMULATOR_HOST, else a fresh fake-gcs-server process.
 
-    ``nice`` lowers the fresh one's CPU priority (see bench_save.py's ``--emulator-nice``).
+    ``nice`` and ``cpus`` lower the fresh one's CPU priority and pin it (see bench_save.py's
+    ``--emulator-nice`` and ``--emulator-cpu``).
     """
     if os.environ.get("STORAGE_EMULATOR_HOST"):
         yield os.environ["STORAGE_EMULATOR_HOST"]
         return
-    with fake_gcs_server(nice) as endpoint:
+    with fake_gcs_server(nice, cpus) as endpoint:
         point_gcs_clients_at(endpoint)
         yield endpoint
 

@@ -21,6 +21,7 @@ Usage::
     python benchmarks/bench_save.py --write-docs     # 25M parameters; table into docs/benchmarks.md
     python benchmarks/bench_save.py --tiny           # a small model, seconds: what CI runs
     python benchmarks/bench_save.py --configs 2,3 --emulator-nice 19   # the emulator yields the CPU
+    python benchmarks/bench_save.py --configs 2,3 --emulator-cpu 1     # the emulator on a CPU of its own
 
 Uses the emulator at ``STORAGE_EMULATOR_HOST`` when set, else starts its own fake-gcs-server.
 """
@@ -95,12 +96,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--emulator-nice", type=int, default=0, metavar="N",
                         help="run the emulator at nice N: on one machine, its CPU competes with training, "
                              "which a remote server's does not (default 0)")
+    parser.add_argument("--emulator-cpu", type=int, default=None, metavar="N",
+                        help="pin the emulator to CPU N and this process (training, uploads) to the "
+                             "others, as if the server were elsewhere (default: not pinned)")
     parser.add_argument("--write-docs", action="store_true", help=f"put the tables into {DOCS.name}")
     args = parser.parse_args(argv)
     if args.tiny:
         args.params, args.epochs, args.steps, args.repeat = 2e5, 3, 4, 1
     if args.epochs < 3 or args.steps < 1 or args.repeat < 1:
         parser.error("--epochs must be >= 3, --steps and --repeat >= 1")
+    server_cpus = None
+    if args.emulator_cpu is not None:
+        cpus = os.sched_getaffinity(0)
+        if args.emulator_cpu not in cpus or len(cpus) < 2:
+            parser.error(f"--emulator-cpu: CPU {args.emulator_cpu} is not one of this process' "
+                         f"{sorted(cpus)}, or it is the only one")
+        server_cpus = {args.emulator_cpu}
+        os.sched_setaffinity(0, cpus - server_cpus)  # before TensorFlow sizes its thread pools
     wanted = {c.strip() for c in args.configs.split(",")}
     if "2" not in wanted or not wanted <= {"1", "2", "3", "4"}:
         parser.error("--configs: a subset of 1,2,3,4 that includes 2, the baseline of every ratio")
@@ -126,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     y = rng.integers(0, 10, size=(samples,))
     rss = RSS()
     results: dict[str, dict[str, float]] = {}
-    with emulator(args.emulator_nice) as endpoint, tempfile.TemporaryDirectory(prefix="bench-save-") as tmp:
+    server = emulator(args.emulator_nice, server_cpus)
+    with server as endpoint, tempfile.TemporaryDirectory(prefix="bench-save-") as tmp:
         import gcsfs
 
         fs = gcsfs.GCSFileSystem(token="anon")
@@ -299,7 +312,9 @@ def render(results: dict[str, dict[str, float]], resume: dict[str, float], param
         return "met" if ok else "not met"
 
     emulator = "fake-gcs-server (memory backend) on loopback" + (
-        f", run at nice {args.emulator_nice}" if args.emulator_nice else "")
+        f", run at nice {args.emulator_nice}" if args.emulator_nice else "") + (
+        f", pinned to CPU {args.emulator_cpu} (training and uploads on the others)"
+        if args.emulator_cpu is not None else "")
     lines = [
         f"Run {date.today().isoformat()} on {platform.machine()}, {os.cpu_count()} cores, {emulator}; "
         f"{params / 1e6:.1f}M parameters with Adam, checkpoint {human_size(checkpoint_size)}; "

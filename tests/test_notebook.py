@@ -158,3 +158,63 @@ def test_notebook_survives_a_kernel_kill_and_resumes(notebook_env: Path, tmp_pat
     assert f"complete: {EPOCHS} of {EPOCHS} epochs done" in _stdout(third)
     assert f"history: {EPOCHS} epochs" in _stdout(third)
     assert _committed(run_dir) == committed
+
+
+INTERRUPTED_FIT_CELLS = [
+    """import json, os, time
+import keras, numpy as np, resumable
+from resumable.lease import read_lease
+from resumable.storage import RunStorage
+RUN = os.environ["RESUMABLE_TEST_RUN"]
+x = np.random.rand(64, 4).astype("float32")
+y = np.random.rand(64, 1).astype("float32")
+model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+model.compile("adam", "mse")
+callback = resumable.CheckpointCallback(RUN)
+slow = keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: time.sleep(0.5))""",
+    # a plain model.fit, not run.fit: Keras calls no on_train_end when Ctrl-C stops it
+    "model.fit(x, y, epochs=200, callbacks=[callback, slow], verbose=0)",
+    """holder = read_lease(RunStorage(RUN))
+print("lease:", json.dumps(holder.describe() if holder else None))
+print("pending:", json.dumps(callback.uploader.pending))""",
+]
+
+
+@pytest.mark.slow
+def test_a_plain_fit_stopped_in_a_notebook_cell_gives_the_lease_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Colab's stop button (SIGINT to the kernel) during a plain model.fit: once the cell has
+    ended, the checkpoints saved are committed and the run folder is free for `resumable prune`
+    or another process; before, the lease stayed held and renewed until the kernel exited."""
+    run_dir = tmp_path / "run"
+    monkeypatch.setenv("RESUMABLE_TEST_RUN", str(run_dir))
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "3")
+    monkeypatch.setenv("JUPYTER_PREFER_ENV_PATH", "1")
+    monkeypatch.setenv("IPYTHONDIR", str(tmp_path / "ipython"))
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in INTERRUPTED_FIT_CELLS])
+    client = nbclient.NotebookClient(nb, kernel_name="python3", timeout=CELL_TIMEOUT, startup_timeout=120,
+                                     allow_errors=True, resources={"metadata": {"path": str(tmp_path)}})
+
+    async def run_and_interrupt() -> None:
+        storage = RunStorage(str(run_dir))
+        execution = asyncio.ensure_future(client.async_execute())
+        deadline = time.monotonic() + 240
+        while True:
+            await asyncio.sleep(0.1)
+            assert not execution.done(), f"the notebook ended before the interrupt: {_stdout(client)[-3000:]}"
+            assert time.monotonic() < deadline, f"no checkpoint of epoch 2: {_stdout(client)[-3000:]}"
+            latest = storage.latest() if run_dir.exists() else None
+            if latest is not None and latest.epoch is not None and latest.epoch >= 2:
+                break
+        await client.km.interrupt_kernel()  # what Colab's stop button does
+        await asyncio.wait_for(execution, timeout=120)
+
+    asyncio.run(run_and_interrupt())
+    assert [e.split(":")[0] for e in _errors(client)] == ["KeyboardInterrupt"], _stdout(client)[-3000:]
+    assert "lease: null" in _stdout(client), _stdout(client)[-3000:]
+    assert "pending: []" in _stdout(client)
+    assert not (run_dir / "lease.json").exists()
+    infos = RunStorage(str(run_dir)).list()
+    assert infos and all(i.ok for i in infos)
+    assert infos[-1].epoch is not None and infos[-1].epoch >= 2
