@@ -92,6 +92,19 @@ def _committed(run_dir: Path) -> dict[str, tuple[Any, Any]]:
     return {c.name: (c.epoch, c.created) for c in RunStorage(str(run_dir)).list()}
 
 
+async def _until_committed(client: Any, execution: asyncio.Future[Any], run_dir: Path, epoch: int) -> None:
+    """Wait, while the notebook runs, until the run folder holds a good checkpoint of ``epoch`` or later."""
+    storage = RunStorage(str(run_dir))
+    deadline = time.monotonic() + 240
+    while True:
+        await asyncio.sleep(0.1)
+        assert not execution.done(), f"the notebook ended first: {_stdout(client)[-3000:]}"
+        assert time.monotonic() < deadline, f"no checkpoint of epoch {epoch}: {_stdout(client)[-3000:]}"
+        latest = storage.latest() if run_dir.exists() else None
+        if latest is not None and latest.epoch is not None and latest.epoch >= epoch:
+            return
+
+
 async def _run_and_kill(client: Any, run_dir: Path) -> int:
     """Execute the notebook; SIGKILL its kernel once epoch KILL_AFTER_EPOCH is committed.
 
@@ -100,16 +113,7 @@ async def _run_and_kill(client: Any, run_dir: Path) -> int:
     """
     storage = RunStorage(str(run_dir))
     execution = asyncio.ensure_future(client.async_execute())
-    deadline = time.monotonic() + 240
-    while True:
-        await asyncio.sleep(0.1)
-        assert not execution.done(), f"the notebook ended before the kill: {_stdout(client)[-3000:]}"
-        assert time.monotonic() < deadline, (
-            f"no checkpoint of epoch {KILL_AFTER_EPOCH}: {_stdout(client)[-3000:]}"
-        )
-        latest = storage.latest() if run_dir.exists() else None
-        if latest is not None and latest.epoch is not None and latest.epoch >= KILL_AFTER_EPOCH:
-            break
+    await _until_committed(client, execution, run_dir, KILL_AFTER_EPOCH)
     km = client.km
     # The kernel is the interpreter running the tests (ipykernel resolves "python" to it).
     assert km.format_kernel_cmd()[0] == sys.executable
@@ -197,16 +201,8 @@ def test_a_plain_fit_stopped_in_a_notebook_cell_gives_the_lease_back(
                                      allow_errors=True, resources={"metadata": {"path": str(tmp_path)}})
 
     async def run_and_interrupt() -> None:
-        storage = RunStorage(str(run_dir))
         execution = asyncio.ensure_future(client.async_execute())
-        deadline = time.monotonic() + 240
-        while True:
-            await asyncio.sleep(0.1)
-            assert not execution.done(), f"the notebook ended before the interrupt: {_stdout(client)[-3000:]}"
-            assert time.monotonic() < deadline, f"no checkpoint of epoch 2: {_stdout(client)[-3000:]}"
-            latest = storage.latest() if run_dir.exists() else None
-            if latest is not None and latest.epoch is not None and latest.epoch >= 2:
-                break
+        await _until_committed(client, execution, run_dir, 2)
         await client.km.interrupt_kernel()  # what Colab's stop button does
         await asyncio.wait_for(execution, timeout=120)
 
