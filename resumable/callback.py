@@ -392,8 +392,14 @@ class CheckpointCallback(keras.callbacks.Callback):
             self.uploader.wait(message=False)
         except Exception as e:  # noqa: BLE001 - the error that ends the fit matters more
             logger.warning("resumable: %s", e)
-        finally:
-            self.release_lease()
+        except KeyboardInterrupt:
+            # Stopped while waiting: an upload may still be committing, so the lease stays held
+            # (and renewed) until the next fit or the process' exit, rather than let a second
+            # writer in under that commit.
+            logger.warning("resumable: stopped waiting for the uploads; the writer lease of %s stays held",
+                           self.storage.url)
+            raise
+        self.release_lease()
 
     def _after_the_cell(self) -> None:
         """The notebook cell that ran this fit has ended: if an exception ended the fit (Keras

@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import queue
+import signal
 import subprocess
 import sys
 import threading
@@ -346,6 +347,44 @@ def test_callback_holds_the_lease_while_training_only(tmp_path: Path, as_host) -
     assert [c.epoch for c in RunStorage(url).list()] == [1, 2]
     with pytest.raises(LeaseLostError):
         other.renew()
+
+
+def test_after_a_failed_plain_fit_the_lease_goes_back_once_the_upload_lands(tmp_path: Path) -> None:
+    """What a notebook's end of cell does (resumable.notebook) after a plain model.fit an error
+    stopped: wait for the upload, then give the lease back; interrupted while waiting, keep it."""
+    import keras
+    import numpy as np
+    from gated_fs import GatedFS
+
+    import resumable
+
+    url = str(tmp_path / "run")
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile(optimizer="adam", loss="mse")
+    checkpoint = resumable.CheckpointCallback(url, staging_dir=tmp_path / "stage")
+    gate = threading.Event()
+    checkpoint.storage.fs = GatedFS(checkpoint.storage.fs, gate)  # the upload waits for the test
+
+    class BadData(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch: int, logs: object = None) -> None:
+            if epoch == 1:  # after the checkpoint saved epoch 1; Keras then skips on_train_end
+                raise ValueError("bad data")
+
+    x, y = np.zeros((8, 4), "float32"), np.zeros((8, 1), "float32")
+    with pytest.raises(ValueError, match="bad data"):
+        model.fit(x, y, epochs=3, verbose=0, callbacks=[checkpoint, BadData()])
+    assert checkpoint.uploader.pending == ["ckpt-000001"]
+    assert read_lease(RunStorage(url)) is not None
+
+    threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()  # Ctrl-C while the cell waits
+    with pytest.raises(KeyboardInterrupt):
+        checkpoint._after_the_cell()
+    assert read_lease(RunStorage(url)) is not None  # an upload may still commit: not released
+
+    gate.set()
+    checkpoint._after_the_cell()
+    assert read_lease(RunStorage(url)) is None
+    assert [c.name for c in RunStorage(url).list() if c.ok] == ["ckpt-000001"]
 
 
 def test_callback_refuses_bad_lease_arguments(tmp_path: Path) -> None:

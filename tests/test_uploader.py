@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import errno
 import os
 import subprocess
 import sys
@@ -13,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from gated_fs import GatedFS
 
 from resumable import RunStorage
 from resumable.checksum import CHUNK_SIZE
@@ -23,32 +23,6 @@ from resumable.storage import PROGRESS_MIN_BYTES
 from resumable.uploader import Uploader
 
 FAST_RETRY = RetryPolicy(attempts=3, initial_delay=0.01, max_delay=0.01)
-
-
-class GatedFS:
-    """Wraps an fsspec filesystem: each upload of a payload file (an ``open`` for writing, which
-    is how RunStorage streams them) blocks until `gate` is set, or fails `failures` times."""
-
-    def __init__(self, fs: Any, gate: threading.Event | None = None, failures: int = 0) -> None:
-        self._fs = fs
-        self.gate = gate
-        self.failures = failures
-        self.puts: list[str] = []
-        self.entered = threading.Event()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._fs, name)
-
-    def open(self, path: str, mode: str = "rb", **kwargs: Any) -> Any:
-        if "w" in mode and not path.endswith(".tmp"):  # not the local run index's temporary file
-            self.puts.append(path)
-            self.entered.set()
-            if self.gate is not None:
-                assert self.gate.wait(30), "the test never opened the gate"
-            if self.failures:
-                self.failures -= 1
-                raise OSError(errno.EIO, "Input/output error (injected)")
-        return self._fs.open(path, mode, **kwargs)
 
 
 def stage(root: Path, epoch: int, size: int = 1000) -> tuple[Path, str, Manifest]:

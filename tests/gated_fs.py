@@ -1,0 +1,34 @@
+"""GatedFS: an fsspec filesystem wrapper that holds (or fails) uploads, for the tests of
+background uploads and of what waits for them."""
+
+from __future__ import annotations
+
+import errno
+import threading
+from typing import Any
+
+
+class GatedFS:
+    """Wraps an fsspec filesystem: each upload of a payload file (an ``open`` for writing, which
+    is how RunStorage streams them) blocks until `gate` is set, or fails `failures` times."""
+
+    def __init__(self, fs: Any, gate: threading.Event | None = None, failures: int = 0) -> None:
+        self._fs = fs
+        self.gate = gate
+        self.failures = failures
+        self.puts: list[str] = []
+        self.entered = threading.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._fs, name)
+
+    def open(self, path: str, mode: str = "rb", **kwargs: Any) -> Any:
+        if "w" in mode and not path.endswith(".tmp"):  # not the local run index's temporary file
+            self.puts.append(path)
+            self.entered.set()
+            if self.gate is not None:
+                assert self.gate.wait(30), "the test never opened the gate"
+            if self.failures:
+                self.failures -= 1
+                raise OSError(errno.EIO, "Input/output error (injected)")
+        return self._fs.open(path, mode, **kwargs)
