@@ -92,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--repeat", type=int, default=3, help="resume timings, median kept (default 3)")
     parser.add_argument("--tiny", action="store_true", help="200k parameters, 3 epochs: proves it works")
-    parser.add_argument("--configs", default="1,2,3,4", help="configurations to run, in this order (default 1,2,3,4)")
+    parser.add_argument("--configs", default="1,2,3,4",
+                        help="configurations to run, in this order (default 1,2,3,4)")
     parser.add_argument("--emulator-nice", type=int, default=0, metavar="N",
                         help="run the emulator at nice N: on one machine, its CPU competes with training, "
                              "which a remote server's does not (default 0)")
