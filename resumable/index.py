@@ -75,17 +75,20 @@ def manifest_of(data: dict[str, Any]) -> tuple[Manifest, int]:
     The manifest has no ``versions`` and only the ranking keys of its ``state``; read the
     checkpoint itself for the rest. Raises KeyError, TypeError or ValueError for a bad entry.
     """
+    # Plain loops and `type() is`, no helpers: `list` decodes thousands (a bool is no count either).
     epoch, step, batch, size = data["epoch"], data["step"], data["batch"], data["manifest_size"]
     if type(epoch) is not int or type(step) is not int or type(batch) is not int or type(size) is not int:
-        raise TypeError("epoch, step, batch and manifest_size must be integers")  # bool is no count either
+        raise TypeError("epoch, step, batch and manifest_size must be integers")
     files = {}
-    for rel, (n, crc) in data["files"].items():  # a loop, not helpers: `list` decodes thousands
+    for rel, (n, crc) in data["files"].items():
         if type(n) is not int or type(crc) is not str:
             raise TypeError(f"bad size or CRC32C for {rel!r}")
         files[rel] = FileEntry(n, crc)
     metrics = data["metrics"]
-    if not all(type(v) is float for v in metrics.values()):  # null stands for NaN; an int was hand-made
-        metrics = {str(k): math.nan if v is None else float(v) for k, v in metrics.items()}
+    for value in metrics.values():
+        if type(value) is not float:  # null stands for NaN; an int was hand-made
+            metrics = {str(k): math.nan if v is None else float(v) for k, v in metrics.items()}
+            break
     state = {key: data[key] for key in RANKING_KEYS if key in data}
     created = data["created"]
     if type(created) is not str:

@@ -39,12 +39,19 @@ def good_entry() -> dict[str, Any]:
 
 @pytest.mark.parametrize("damage", [
     {"epoch": "1"}, {"epoch": True}, {"step": None}, {"manifest_size": 1.5}, {"files": {"a": [1]}},
-    {"files": {"a": ["1", "00000000"]}}, {"files": []}, {"metrics": {"loss": "low"}}, {"created": 5},
+    {"files": {"a": ["1", "00000000"]}}, {"files": []}, {"metrics": {"loss": "low"}}, {"metrics": []},
+    {"metrics": {"loss": [1]}}, {"created": 5},
 ])
 def test_a_bad_entry_is_refused_not_half_read(damage: dict[str, Any]) -> None:
     entry = {**good_entry(), **damage}
     with pytest.raises((KeyError, TypeError, ValueError, AttributeError)):
         run_index.manifest_of(entry)
+
+
+def test_a_hand_made_integer_metric_reads_back_as_a_float() -> None:
+    manifest, _ = run_index.manifest_of({**good_entry(), "metrics": {"loss": 0.5, "epochs_seen": 3}})
+    assert manifest.metrics == {"loss": 0.5, "epochs_seen": 3.0}
+    assert all(type(v) is float for v in manifest.metrics.values())
 
 
 @pytest.mark.parametrize("blob", [

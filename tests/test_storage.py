@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import logging
@@ -16,6 +17,7 @@ import pytest
 
 from resumable import (
     CheckpointExistsError,
+    CheckpointInfo,
     CheckpointNotFoundError,
     CorruptCheckpointError,
     Manifest,
@@ -336,6 +338,21 @@ def test_quick_list_costs_two_requests_and_agrees_with_the_full_one(
         assert calls == Counter(ls=1, cat_file=1)
     assert summary(quick) == summary(full)
     assert not any(i.checked for i in quick) and all(i.checked for i in full)
+
+
+def test_an_indexed_checkpoint_is_the_dataclass_its_constructor_builds(
+    storage: RunStorage, tmp_path: Path
+) -> None:
+    """`list` builds indexed infos without the dataclass' __init__ (speed): still equal, sized and frozen."""
+    commit(storage, tmp_path, "ckpt-000001", Manifest(epoch=1, step=3, metrics={"loss": 0.5}))
+    (quick,) = storage.list(check_files=False)
+    built = CheckpointInfo(quick.name, quick.url, Status.OK, quick.manifest, listed=dict(quick.listed),
+                           checked=False)
+    assert quick == built and repr(quick) == repr(built)
+    assert quick.size == built.size == sum(f.size for f in storage.list()[0].listed.values())
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        quick.status = Status.CORRUPT  # type: ignore[misc]
+    assert dataclasses.replace(quick, problem="x").problem == "x" and quick.problem == ""
 
 
 def test_quick_list_without_a_usable_index_reads_the_manifests(storage: RunStorage, tmp_path: Path) -> None:
