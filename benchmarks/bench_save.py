@@ -317,7 +317,8 @@ def render(results: dict[str, dict[str, float]], resume: dict[str, float], param
         f", pinned to CPU {args.emulator_cpu} (training and uploads on the others)"
         if args.emulator_cpu is not None else "")
     lines = [
-        f"Run {date.today().isoformat()} on {platform.machine()}, {os.cpu_count()} cores, {emulator}; "
+        f"Run {date.today().isoformat()} on {platform.machine()}, {os.cpu_count()} cores, "
+        f"Python {platform.python_version()}, {emulator}; "
         f"{params / 1e6:.1f}M parameters with Adam, checkpoint {human_size(checkpoint_size)}; "
         f"{args.epochs} epochs of {args.steps} batches of {args.batch_size}; medians over epochs 2 to "
         f"{args.epochs}.",
