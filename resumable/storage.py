@@ -32,6 +32,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from resumable import gcs_upload
 from resumable import index as run_index
 from resumable.checksum import CHUNK_SIZE, RunningCrc32c, crc32c_from_gcs, crc32c_of_chunks, crc32c_of_file
 from resumable.display import human_size
@@ -63,6 +64,7 @@ logger = logging.getLogger("resumable")
 READ_THREADS = 16  # manifests read at once from a blocking filesystem (local disk, Drive)
 PROGRESS_MIN_BYTES = 4 * 1024 * 1024  # files at least this big get a progress bar when asked
 UPLOAD_BLOCK = 50 * 2**20  # bytes per GCS upload request, as gcsfs' put_file sends them
+STREAM_MIN_BYTES = 8 * 2**20  # GCS files this big go up as one streamed request (see gcs_upload)
 QUICK_FALLBACK_FOLDERS = 8  # more folders missing from the run index: one recursive listing instead
 
 DRIVE_MOUNT = "/content/drive/"
@@ -738,32 +740,42 @@ class RunStorage(RunFiles):
              between_chunks: Callable[[], None]) -> FileEntry:
         """Stream ``local`` to ``remote`` a chunk at a time; the size and CRC32C of what was sent.
 
-        One read of the file serves the upload and its checksum. On GCS the chunks go out as
-        resumable-upload requests of ``UPLOAD_BLOCK`` bytes (a smaller file in one request).
+        One read of the file serves the upload and its checksum. On GCS a big file goes up as
+        one request streamed in pieces (`gcs_upload`); anything else through the filesystem's
+        file object (on GCS, a smaller file in one request).
         """
         size = local.stat().st_size
-        options = {"block_size": UPLOAD_BLOCK} if self.is_gcs else {}
         bar = _progress_bar(size, what) if progress and size >= PROGRESS_MIN_BYTES else None
-        checksum = RunningCrc32c()
-        sent = 0
         try:
-            with open(local, "rb") as source:
-                target = self.fs.open(remote, "wb", **options)
-                try:
-                    for chunk in iter(lambda: source.read(CHUNK_SIZE), b""):
-                        between_chunks()
-                        target.write(chunk)
-                        checksum.update(chunk)
-                        sent += len(chunk)
-                        if bar is not None:
-                            bar.update(len(chunk))
-                except BaseException:
-                    _abandon(target)
-                    raise
-                target.close()
+            if self.is_gcs and size >= STREAM_MIN_BYTES:
+                with contextlib.suppress(gcs_upload.NotStreamable):
+                    sent, crc32c = gcs_upload.upload(self.fs, local, remote, before_piece=between_chunks,
+                                                     on_sent=bar.update if bar is not None else _ignore)
+                    return FileEntry(sent, crc32c)
+            return self._write_chunks(local, remote, between_chunks, bar)
         finally:
             if bar is not None:
                 bar.close()
+
+    def _write_chunks(self, local: Path, remote: str, between_chunks: Callable[[], None],
+                      bar: Any) -> FileEntry:
+        options = {"block_size": UPLOAD_BLOCK} if self.is_gcs else {}
+        checksum = RunningCrc32c()
+        sent = 0
+        with open(local, "rb") as source:
+            target = self.fs.open(remote, "wb", **options)
+            try:
+                for chunk in iter(lambda: source.read(CHUNK_SIZE), b""):
+                    between_chunks()
+                    target.write(chunk)
+                    checksum.update(chunk)
+                    sent += len(chunk)
+                    if bar is not None:
+                        bar.update(len(chunk))
+            except BaseException:
+                _abandon(target)
+                raise
+            target.close()
         return FileEntry(sent, checksum.hex())
 
     def _transfer(self, method: Any, source: str, target: str, size: int, progress: bool, what: str) -> None:
@@ -921,6 +933,10 @@ def _is_local(fs: Any) -> bool:
 
 def _go_on() -> None:
     """The default ``between_chunks``: no pause."""
+
+
+def _ignore(_: int) -> None:
+    """No progress bar to move."""
 
 
 def _abandon(target: Any) -> None:

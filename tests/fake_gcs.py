@@ -32,6 +32,7 @@ def fake_gcs_server(nice: int = 0, cpus: set[int] | None = None) -> Iterator[str
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         preexec_fn=(lambda: _lower_and_pin(nice, cpus)) if nice or cpus else None,
     )
+    _processes[endpoint] = proc
     try:
         deadline = time.monotonic() + 30
         while True:
@@ -44,8 +45,17 @@ def fake_gcs_server(nice: int = 0, cpus: set[int] | None = None) -> Iterator[str
                 time.sleep(0.1)
         yield endpoint
     finally:
+        del _processes[endpoint]
         proc.kill()
         proc.wait()
+
+
+_processes: dict[str, subprocess.Popen[bytes]] = {}
+
+
+def server_process(endpoint: str) -> subprocess.Popen[bytes]:
+    """The process behind a running `fake_gcs_server` (tests that cut the connection kill it)."""
+    return _processes[endpoint]
 
 
 def _lower_and_pin(nice: int, cpus: set[int] | None) -> None:
