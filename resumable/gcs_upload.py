@@ -13,6 +13,10 @@ new upload session; an unfinished session never becomes a visible object.
 The calling thread reads the file and runs ``before_piece`` (where a background upload waits
 while a checkpoint is serialized); gcsfs' event loop only sends. So the hold works exactly as it
 did with gcsfs' file object, in the thread that called.
+
+The requests go through gcsfs' own session, endpoint and credentials (``fs.session``,
+``fs._location``, ``fs._get_headers``, ``fs._get_params``: private, so tests/test_gcs_upload.py
+runs them against the installed gcsfs and fake-gcs-server).
 """
 
 from __future__ import annotations
@@ -89,9 +93,11 @@ async def _send(fs: Any, bucket: str, key: str, size: int,
     await fs._set_session()
     # Start the session ourselves, not with gcsfs' initiate_upload: its requests retry for
     # half a minute on their own, and the caller's retry policy is the one users set.
+    # gcsfs' helpers add what its own requests carry: credentials, and userProject for
+    # requester-pays buckets.
     start = f"{fs._location}/upload/storage/v1/b/{quote(bucket, safe='')}/o"
     async with fs.session.request(
-        "POST", start, params={"uploadType": "resumable"}, json={"name": key},
+        "POST", start, params=fs._get_params({"uploadType": "resumable"}), json={"name": key},
         headers=fs._get_headers({"X-Upload-Content-Type": "application/octet-stream"}),
         timeout=fs.requests_timeout,
     ) as response:
