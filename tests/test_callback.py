@@ -18,6 +18,7 @@ from resumable import (
     ResumableError,
     RunStorage,
 )
+from resumable.storage import STREAM_MIN_BYTES
 
 keras = pytest.importorskip("keras")
 
@@ -133,6 +134,27 @@ def test_checkpoints_hold_model_optimizer_and_state(run_url: str) -> None:
     again.fit(X, Y, epochs=4, **FIT)
     assert len(again.history["loss"]) == 4
     assert [c.name for c in storage.list()] == ["ckpt-000003", "ckpt-000004"]
+
+
+@pytest.mark.slow
+def test_a_checkpoint_big_enough_to_stream_round_trips_through_gcs(gcs_bucket: str) -> None:
+    """A model.keras over STREAM_MIN_BYTES takes the streamed GCS upload, in the background."""
+    url = f"{gcs_bucket}/runs/big"
+
+    def big_model() -> Any:
+        return make_model(units=100_000)  # 1M parameters and Adam's two slots: about 12 MB
+
+    run = resumable.resume(url, build_model=big_model)
+    run.fit(X, Y, epochs=2, **FIT)
+    latest = RunStorage(url).latest()
+    assert latest is not None and latest.epoch == 2
+    assert latest.manifest.files["model.keras"].size >= STREAM_MIN_BYTES  # type: ignore[union-attr]
+    assert RunStorage(url).verify(latest.name) == []
+
+    again = resumable.resume(url, build_model=big_model)
+    assert again.initial_epoch == 2 and same_weights(again.model, run.model)
+    for slot, restored in zip(run.model.optimizer.variables, again.model.optimizer.variables, strict=True):
+        assert np.array_equal(slot.numpy(), restored.numpy()), slot.path
 
 
 @pytest.mark.slow
