@@ -540,6 +540,7 @@ class CheckpointCallback(keras.callbacks.Callback):
             self._add_resumed_metrics()
             state["epoch_rng"] = self._epoch_rng
             arrays.update(keras_io.metric_arrays(self.model))
+        self.uploader.drop_cached()  # the local copy of the last checkpoint: this save replaces it
         try:
             with self.uploader.paused():  # the upload in flight waits: it would slow this save down
                 keras_io.save(self.model, staging, weights_only=self.save_weights_only, state=state,

@@ -67,6 +67,10 @@ def test_submit_returns_at_once_and_a_newer_job_replaces_the_waiting_one(
     assert not (tmp_path / "staging" / "ckpt-000003").exists()
     assert sorted(p.name for p in (tmp_path / "committed").iterdir()) == ["ckpt-000003"]
     assert storage.verify("ckpt-000003") == []
+    # the next save drops that copy first; the run folder keeps everything
+    uploader.drop_cached()
+    assert list((tmp_path / "committed").iterdir()) == []
+    assert committed(storage) == ["ckpt-000001", "ckpt-000003"] and storage.verify("ckpt-000003") == []
 
 
 def test_errors_are_retried_then_warned_and_the_next_submit_tries_again(
