@@ -166,9 +166,7 @@ class Uploader:
         if self.cache_dir is None:
             return
         with self._cache_lock:
-            if self.cache_dir.is_dir():
-                for child in self.cache_dir.iterdir():
-                    shutil.rmtree(child, ignore_errors=True)
+            self._empty_cache(self.cache_dir)
 
     def between_chunks(self) -> None:
         """Called by the upload before each chunk: waits while `paused` holds it (worker thread only)."""
@@ -306,12 +304,18 @@ class Uploader:
         try:
             with self._cache_lock:
                 self.cache_dir.mkdir(parents=True, exist_ok=True)
-                for child in self.cache_dir.iterdir():
-                    shutil.rmtree(child, ignore_errors=True)
+                self._empty_cache(self.cache_dir)
                 job.staged.rename(target)
         except OSError as e:  # only a convenience copy: nothing depends on it
             logger.info("resumable: not keeping a local copy of %s: %s", job.name, e)
             shutil.rmtree(job.staged, ignore_errors=True)
+
+    @staticmethod
+    def _empty_cache(cache_dir: Path) -> None:
+        """Delete every copy in ``cache_dir`` (the caller holds ``_cache_lock``)."""
+        if cache_dir.is_dir():
+            for child in cache_dir.iterdir():
+                shutil.rmtree(child, ignore_errors=True)
 
     @staticmethod
     def _drop(job: UploadJob) -> None:
