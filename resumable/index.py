@@ -7,8 +7,10 @@ gone (listing drops it). Restoring, verifying and pruning always read the manife
 See docs/format.md.
 
 Each entry holds the listing part of a manifest only (epoch, step, batch, time, metrics,
-files, and the monitored metric), not its free-form state: decoding the index of a long run
-is then a few milliseconds, where whole manifests took several times that.
+files, and the monitored metric), not its free-form state. The file stores the entries a
+column at a time (``"epoch": [1, 2, ...]``): JSON lists of numbers and strings decode in
+about two thirds of the time of one object per checkpoint, and `listing` builds each
+checkpoint's manifest straight from the columns.
 """
 
 from __future__ import annotations
@@ -21,52 +23,70 @@ from resumable.manifest import FileEntry, Manifest
 
 INDEX_NAME = "index.json"
 INDEX_FORMAT = "resumable.index"
-INDEX_VERSION = 2  # version 1 held whole manifests; an index of another version is rebuilt
+# 1 held whole manifests, 2 one object per checkpoint; an index of another version is rebuilt
+INDEX_VERSION = 3
+# the columns, each a list with one item per checkpoint; "names" orders them all
+COLUMNS = ("names", "epoch", "step", "batch", "created", "manifest_size", "files", "metrics", "state")
 RANKING_KEYS = ("monitor", "mode")  # the only state a listing needs: which metric ranks checkpoints
+
+_new_tuple = tuple.__new__  # FileEntry(n, crc) without NamedTuple's Python-level __new__: 4x as fast
 
 
 def decode(data: bytes | None) -> dict[str, dict[str, Any]]:
     """The index's entries by checkpoint name (see `entry`); {} for a missing or unreadable index.
 
-    An unreadable index is only a slower listing, never an error.
+    An unreadable index is only a slower listing, never an error. Values are as stored:
+    `manifest_of` checks them.
     """
-    if not data:
+    columns = _columns(data)
+    if columns is None:
         return {}
-    try:
-        raw = json.loads(data)
-    except (ValueError, UnicodeDecodeError):
-        return {}
-    if not isinstance(raw, dict) or raw.get("format") != INDEX_FORMAT:
-        return {}
-    if raw.get("format_version") != INDEX_VERSION:
-        return {}  # another version's layout: list reads the manifests, the next commit rewrites it
-    entries = raw.get("checkpoints")
-    if not isinstance(entries, dict):
-        return {}
-    return {str(name): entry for name, entry in entries.items() if isinstance(entry, dict)}
+    keys = COLUMNS[1:]
+    return {str(name): dict(zip(keys, values, strict=True)) for name, *values in zip(*columns, strict=True)}
 
 
 def encode(entries: dict[str, dict[str, Any]]) -> bytes:
-    """Compact JSON: the index of a long run holds thousands of entries."""
-    data = {"format": INDEX_FORMAT, "format_version": INDEX_VERSION,
-            "checkpoints": dict(sorted(entries.items()))}
+    """Compact JSON, a column at a time: the index of a long run holds thousands of entries."""
+    names = sorted(entries)
+    data: dict[str, Any] = {"format": INDEX_FORMAT, "format_version": INDEX_VERSION, "names": names}
+    for key in COLUMNS[1:]:
+        data[key] = [entries[name][key] for name in names]
     return json.dumps(data, separators=(",", ":"), allow_nan=False).encode()
 
 
 def entry(manifest: Manifest, manifest_size: int) -> dict[str, Any]:
     """The index entry of a committed manifest whose JSON is ``manifest_size`` bytes."""
-    data: dict[str, Any] = {
+    state = manifest.state
+    return {
         "epoch": manifest.epoch,
         "step": manifest.step,
         "batch": manifest.batch,
         "created": manifest.created,
-        "metrics": {name: _json_float(value) for name, value in manifest.metrics.items()},
-        "files": {rel: [e.size, e.crc32c] for rel, e in manifest.files.items()},
         "manifest_size": manifest_size,
+        "files": {rel: [e.size, e.crc32c] for rel, e in manifest.files.items()},
+        "metrics": {name: _json_float(value) for name, value in manifest.metrics.items()},
+        "state": {key: state[key] for key in RANKING_KEYS if isinstance(state.get(key), str)},
     }
-    state = manifest.state
-    data.update({key: state[key] for key in RANKING_KEYS if isinstance(state.get(key), str)})
-    return data
+
+
+def listing(data: bytes | None) -> list[tuple[str, Manifest, int]]:
+    """``(name, manifest, manifest size)`` of every good entry, built straight from the columns.
+
+    The manifests are as `manifest_of` makes them. An entry with a bad value is left out (that
+    folder's own manifest decides); a missing or unreadable index gives [].
+    """
+    columns = _columns(data)
+    if columns is None:
+        return []
+    found = []
+    for name, epoch, step, batch, created, size, files, metrics, state in zip(*columns, strict=True):
+        try:
+            if type(name) is not str or type(size) is not int:
+                raise TypeError("the name must be a string and manifest_size an integer")
+            found.append((name, _manifest(epoch, step, batch, created, files, metrics, state), size))
+        except (KeyError, TypeError, ValueError, AttributeError):
+            continue
+    return found
 
 
 def manifest_of(data: dict[str, Any]) -> tuple[Manifest, int]:
@@ -75,25 +95,56 @@ def manifest_of(data: dict[str, Any]) -> tuple[Manifest, int]:
     The manifest has no ``versions`` and only the ranking keys of its ``state``; read the
     checkpoint itself for the rest. Raises KeyError, TypeError or ValueError for a bad entry.
     """
-    # Plain loops and `type() is`, no helpers: `list` decodes thousands (a bool is no count either).
-    epoch, step, batch, size = data["epoch"], data["step"], data["batch"], data["manifest_size"]
-    if type(epoch) is not int or type(step) is not int or type(batch) is not int or type(size) is not int:
-        raise TypeError("epoch, step, batch and manifest_size must be integers")
-    files = {}
-    for rel, (n, crc) in data["files"].items():
+    manifest = _manifest(data["epoch"], data["step"], data["batch"], data["created"], data["files"],
+                         data["metrics"], data["state"])
+    size = data["manifest_size"]
+    if type(size) is not int:
+        raise TypeError("manifest_size must be an integer")
+    return manifest, size
+
+
+def _columns(data: bytes | None) -> list[list[Any]] | None:
+    """The columns of an index of this version, in `COLUMNS` order, all of one length; else None."""
+    if not data:
+        return None
+    try:
+        raw = json.loads(data)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(raw, dict) or raw.get("format") != INDEX_FORMAT:
+        return None
+    if raw.get("format_version") != INDEX_VERSION:
+        return None  # another version's layout: list reads the manifests, the next commit rewrites it
+    columns: list[list[Any]] = []
+    for key in COLUMNS:
+        column = raw.get(key)
+        if type(column) is not list or (columns and len(column) != len(columns[0])):
+            return None  # a column missing or of another length: no row can be trusted to line up
+        columns.append(column)
+    return columns
+
+
+def _manifest(
+    epoch: Any, step: Any, batch: Any, created: Any, files: Any, metrics: Any, state: Any
+) -> Manifest:
+    # Plain loops and `type() is`, no helpers: `list` checks thousands (a bool is no count either).
+    if type(epoch) is not int or type(step) is not int or type(batch) is not int:
+        raise TypeError("epoch, step and batch must be integers")
+    if type(created) is not str:
+        raise TypeError("created must be a string")
+    entries = {}
+    for rel, (n, crc) in files.items():
         if type(n) is not int or type(crc) is not str:
             raise TypeError(f"bad size or CRC32C for {rel!r}")
-        files[rel] = FileEntry(n, crc)
-    metrics = data["metrics"]
+        entries[rel] = _new_tuple(FileEntry, (n, crc))
     for value in metrics.values():
         if type(value) is not float:  # null stands for NaN; an int was hand-made
             metrics = {str(k): math.nan if v is None else float(v) for k, v in metrics.items()}
             break
-    state = {key: data[key] for key in RANKING_KEYS if key in data}
-    created = data["created"]
-    if type(created) is not str:
-        raise TypeError("created must be a string")
-    return Manifest(epoch, step, batch, files, metrics, created, state=state), size
+    for key, value in state.items():
+        if key not in RANKING_KEYS or type(value) is not str:
+            raise ValueError(f"unexpected state {key!r}")
+    return Manifest(epoch, step, batch, entries, metrics, created, state=state)
 
 
 def _json_float(value: Any) -> float | None:
@@ -101,4 +152,4 @@ def _json_float(value: Any) -> float | None:
     return None if math.isnan(number) or math.isinf(number) else number
 
 
-__all__ = ["INDEX_NAME", "decode", "encode", "entry", "manifest_of"]
+__all__ = ["INDEX_NAME", "decode", "encode", "entry", "listing", "manifest_of"]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,26 +28,56 @@ def test_an_entry_gives_back_the_listing_part_of_its_manifest() -> None:
     assert size == 612
     assert (listed.epoch, listed.step, listed.batch, listed.created, listed.files) == (
         manifest.epoch, manifest.step, manifest.batch, manifest.created, manifest.files)
+    assert all(type(e) is FileEntry for e in listed.files.values())
     assert listed.metrics["loss"] == 0.25 and math.isnan(listed.metrics["val_loss"])
     assert math.isnan(listed.metrics["acc"])  # JSON has no inf: null, read back as NaN
     assert listed.state == {"monitor": "val_loss", "mode": "min"}  # only what ranks checkpoints
     assert listed.versions == {}
     assert json.loads(blob)["format_version"] == run_index.INDEX_VERSION
+    [(name, from_columns, size_from_columns)] = run_index.listing(blob)
+    assert (name, size_from_columns) == ("ckpt-000007", 612)
+    assert repr(from_columns) == repr(listed)  # NaN != NaN: compare the text
+
+
+def test_the_index_is_stored_a_column_at_a_time_in_name_order() -> None:
+    entries = {f"ckpt-{e:06d}": run_index.entry(Manifest(epoch=e, step=10 * e, created=f"t{e}"), 100 + e)
+               for e in (3, 1, 2)}
+    raw = json.loads(run_index.encode(entries))
+    assert raw["names"] == ["ckpt-000001", "ckpt-000002", "ckpt-000003"]
+    assert raw["epoch"] == [1, 2, 3] and raw["step"] == [10, 20, 30]
+    assert raw["manifest_size"] == [101, 102, 103]
+    assert set(raw) == {"format", "format_version", *run_index.COLUMNS}
+    assert run_index.decode(run_index.encode(entries)) == entries
+    assert [(n, m.epoch, s) for n, m, s in run_index.listing(run_index.encode(entries))] == [
+        ("ckpt-000001", 1, 101), ("ckpt-000002", 2, 102), ("ckpt-000003", 3, 103)]
 
 
 def good_entry() -> dict[str, Any]:
     return run_index.entry(Manifest(epoch=1, files={"a": FileEntry(1, "00000000")}, created="x"), 100)
 
 
-@pytest.mark.parametrize("damage", [
-    {"epoch": "1"}, {"epoch": True}, {"step": None}, {"manifest_size": 1.5}, {"files": {"a": [1]}},
-    {"files": {"a": ["1", "00000000"]}}, {"files": []}, {"metrics": {"loss": "low"}}, {"metrics": []},
-    {"metrics": {"loss": [1]}}, {"created": 5},
-])
+DAMAGES = [
+    {"epoch": "1"}, {"epoch": True}, {"step": None}, {"manifest_size": 1.5}, {"manifest_size": True},
+    {"files": {"a": [1]}}, {"files": {"a": ["1", "00000000"]}}, {"files": []}, {"metrics": {"loss": "low"}},
+    {"metrics": []}, {"metrics": {"loss": [1]}}, {"created": 5}, {"state": {"monitor": 1}},
+    {"state": {"best": 0.5}}, {"state": []},
+]
+
+
+@pytest.mark.parametrize("damage", DAMAGES)
 def test_a_bad_entry_is_refused_not_half_read(damage: dict[str, Any]) -> None:
     entry = {**good_entry(), **damage}
     with pytest.raises((KeyError, TypeError, ValueError, AttributeError)):
         run_index.manifest_of(entry)
+
+
+@pytest.mark.parametrize("damage", DAMAGES)
+def test_listing_leaves_out_a_bad_entry_and_keeps_the_others(damage: dict[str, Any]) -> None:
+    """That folder's own manifest decides; its neighbours still come from the index."""
+    entries = {"ckpt-000001": good_entry(), "ckpt-000002": {**good_entry(), **damage},
+               "ckpt-000003": good_entry()}
+    blob = json.dumps(json.loads(run_index.encode(entries))).encode()  # as a hand edit would leave it
+    assert [name for name, _, _ in run_index.listing(blob)] == ["ckpt-000001", "ckpt-000003"]
 
 
 def test_a_hand_made_integer_metric_reads_back_as_a_float() -> None:
@@ -54,10 +86,36 @@ def test_a_hand_made_integer_metric_reads_back_as_a_float() -> None:
     assert all(type(v) is float for v in manifest.metrics.values())
 
 
+def columns(**change: Any) -> bytes:
+    raw = json.loads(run_index.encode({"ckpt-000001": good_entry(), "ckpt-000002": good_entry()}))
+    return json.dumps({**raw, **change}).encode()
+
+
 @pytest.mark.parametrize("blob", [
     None, b"", b"not json", b"[]", b'{"format":"other"}',
     b'{"format":"resumable.index","format_version":1,"checkpoints":{"a":{"manifest":{}}}}',
-    b'{"format":"resumable.index","format_version":2,"checkpoints":[]}',
+    b'{"format":"resumable.index","format_version":2,"checkpoints":{"a":{"epoch":1,"step":0,"batch":0,'
+    b'"created":"","metrics":{},"files":{},"manifest_size":9}}}',  # the layout of version 2: one object each
+    columns(format_version=4),
+    columns(epoch=[1]),  # a column shorter than the names: no row can be trusted to line up
+    columns(names={"ckpt-000001": 1}),
+    columns(metrics=None),
 ])
 def test_an_unusable_index_decodes_to_nothing(blob: bytes | None) -> None:
     assert run_index.decode(blob) == {}
+    assert run_index.listing(blob) == []
+
+
+def test_a_good_index_of_the_same_shape_decodes() -> None:
+    """The blobs above are refused for what they change, not for how they are built."""
+    assert sorted(run_index.decode(columns())) == ["ckpt-000001", "ckpt-000002"]
+    assert len(run_index.listing(columns())) == 2
+
+
+def test_the_example_in_the_format_docs_is_an_index_this_version_reads() -> None:
+    text = (Path(__file__).resolve().parent.parent / "docs" / "format.md").read_text()
+    example = re.search(r'```json\n(\{"format":"resumable\.index".*?)```', text, re.S)
+    assert example is not None
+    listed = run_index.listing(example.group(1).encode())
+    assert [(name, manifest.epoch, manifest.state["monitor"]) for name, manifest, _ in listed] == [
+        ("ckpt-000001", 1, "val_loss"), ("ckpt-000002", 2, "val_loss")]

@@ -31,8 +31,9 @@ from resumable import (
 )
 from resumable import index as run_index
 from resumable.checksum import crc32c_of_bytes
-from resumable.manifest import MANIFEST_NAME
+from resumable.manifest import MANIFEST_NAME, FileEntry
 from resumable.naming import NameTemplate
+from resumable.storage import ListedFile
 
 FILES = {
     "model.keras": bytes(random.Random(0).randrange(256) for _ in range(50_000)),
@@ -349,6 +350,9 @@ def test_an_indexed_checkpoint_is_the_dataclass_its_constructor_builds(
     built = CheckpointInfo(quick.name, quick.url, Status.OK, quick.manifest, listed=dict(quick.listed),
                            checked=False)
     assert quick == built and repr(quick) == repr(built)
+    assert quick.manifest is not None and quick.manifest.files  # built with tuple.__new__: still the types
+    assert all(type(f) is ListedFile for f in quick.listed.values())
+    assert all(type(e) is FileEntry for e in quick.manifest.files.values())
     assert quick.size == built.size == sum(f.size for f in storage.list()[0].listed.values())
     with pytest.raises(dataclasses.FrozenInstanceError):
         quick.status = Status.CORRUPT  # type: ignore[misc]
@@ -387,9 +391,12 @@ def test_quick_list_drops_folders_gone_and_checks_folders_not_indexed(
 
 
 OLD_INDEX = b'{"format":"resumable.index","format_version":1,"checkpoints":{}}'
+# version 2 held one object per checkpoint, rows where version 3 holds columns
+V2_INDEX = (b'{"format":"resumable.index","format_version":2,"checkpoints":{"ckpt-000001":{"epoch":1,'
+            b'"step":0,"batch":0,"created":"","metrics":{},"files":{},"manifest_size":100}}}')
 
 
-@pytest.mark.parametrize("old_index", [None, OLD_INDEX])
+@pytest.mark.parametrize("old_index", [None, OLD_INDEX, V2_INDEX])
 def test_the_next_commit_mends_an_index_that_misses_checkpoints(
     storage: RunStorage, tmp_path: Path, fs_calls: Any, old_index: bytes | None
 ) -> None:
@@ -405,7 +412,8 @@ def test_the_next_commit_mends_an_index_that_misses_checkpoints(
     assert all(i.checked for i in storage.list(check_files=False))  # nothing usable indexed: slow path
 
     commit(storage, tmp_path, "ckpt-000014", Manifest(epoch=14, metrics={"loss": 0.01}))
-    indexed = json.loads(raw(storage, "index.json"))["checkpoints"]
+    assert json.loads(raw(storage, "index.json"))["format_version"] == run_index.INDEX_VERSION
+    indexed = run_index.decode(raw(storage, "index.json"))
     # not 2 (gone), not 13 (partial)
     assert sorted(indexed) == [f"ckpt-{e:06d}" for e in (1, *range(3, 13), 14)]
     calls = fs_calls(storage)
