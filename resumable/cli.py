@@ -74,7 +74,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns:
         0 on success, 1 when verification failed, 2 on bad usage or bad input.
     """
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(argv[0] if argv else None)
     try:
         try:
             args = parser.parse_args(argv)
@@ -93,8 +94,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_OK
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of every subcommand (exposed for docs and tests)."""
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The argument parser of every subcommand (exposed for docs and tests).
+
+    Args:
+        command: Build only this subcommand (a name or an alias); every one when None or
+            unknown. `main` builds only the one it runs: argparse spends about half a
+            millisecond on each (translation lookups, terminal-size probes), as much as
+            `list` spends on a few hundred checkpoints.
+    """
     from resumable import __version__
 
     parser = _Parser(
@@ -106,8 +114,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"resumable {__version__}")
     commands = parser.add_subparsers(title="commands", metavar="COMMAND", required=True, parser_class=_Parser)
+    known = any(command in (name, *aliases) for name, aliases, *_ in _SUBCOMMANDS)
+    for name, aliases, handler, summary, add_arguments in _SUBCOMMANDS:
+        if not known or command in (name, *aliases):
+            add_arguments(_command(commands, name, handler, summary, aliases))
+    return parser
 
-    list_ = _command(commands, "list", _cmd_list, "show every checkpoint with its status", aliases=["ls"])
+
+def _list_arguments(list_: argparse.ArgumentParser) -> None:
     _add_url(list_)
     _add_monitor(list_, "metric to show and to rank the best checkpoint by")
     list_.add_argument("--deep", action="store_true",
@@ -115,17 +129,20 @@ def build_parser() -> argparse.ArgumentParser:
                        "recursive listing instead of the run index")
     _add_json(list_)
 
-    inspect = _command(commands, "inspect", _cmd_inspect, "show one checkpoint's manifest")
+
+def _inspect_arguments(inspect: argparse.ArgumentParser) -> None:
     _add_url(inspect)
     _add_selection(inspect)
     _add_json(inspect)
 
-    verify = _command(commands, "verify", _cmd_verify, "re-read files and check sizes and CRC32C")
+
+def _verify_arguments(verify: argparse.ArgumentParser) -> None:
     _add_url(verify)
     _add_selection(verify).add_argument("--all", action="store_true", help="verify every checkpoint")
     _add_json(verify)
 
-    prune = _command(commands, "prune", _cmd_prune, "delete checkpoints that no retention rule keeps")
+
+def _prune_arguments(prune: argparse.ArgumentParser) -> None:
     prune.description = (
         "Delete checkpoints that no retention rule keeps. The newest good checkpoint and the best one\n"
         "are never deleted; unfinished or corrupt checkpoints older than the newest good one are.\n"
@@ -143,9 +160,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="delete even while a training process holds the run's writer lease")
     _add_json(prune)
 
-    demo = _command(commands, "demo", _cmd_demo, "train a tiny model, interrupt it and resume it")
+
+def _demo_arguments(demo: argparse.ArgumentParser) -> None:
     demo.add_argument("folder", nargs="?", metavar="FOLDER", help="run folder (default: ./resumable-demo)")
-    return parser
 
 
 def _command(
@@ -507,6 +524,19 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     from resumable.demo import main as demo_main  # imports Keras: only when asked for
 
     return demo_main(args.folder)
+
+
+# ------------------------------------------------------------------ subcommands
+
+# name, aliases, handler, one-line summary, arguments (in `resumable --help` order)
+_SUBCOMMANDS: tuple[tuple[str, tuple[str, ...], Callable[[argparse.Namespace], int], str,
+                          Callable[[argparse.ArgumentParser], None]], ...] = (
+    ("list", ("ls",), _cmd_list, "show every checkpoint with its status", _list_arguments),
+    ("inspect", (), _cmd_inspect, "show one checkpoint's manifest", _inspect_arguments),
+    ("verify", (), _cmd_verify, "re-read files and check sizes and CRC32C", _verify_arguments),
+    ("prune", (), _cmd_prune, "delete checkpoints that no retention rule keeps", _prune_arguments),
+    ("demo", (), _cmd_demo, "train a tiny model, interrupt it and resume it", _demo_arguments),
+)
 
 
 # ------------------------------------------------------------------ shared
