@@ -227,15 +227,17 @@ def _cmd_list(args: argparse.Namespace) -> int:
     notes = {id(latest): "latest", id(best_one): "best"}
     if latest is best_one:
         notes = {id(latest): "latest, best"}
-    # built a column at a time, one plain pass each: a run may hold thousands of checkpoints
+    # Built a column at a time, one plain pass each, from the manifests rather than through the
+    # infos' properties (a fifth of a microsecond each): a run may hold thousands of checkpoints.
+    manifests = [i.manifest for i in infos]
+    logged = [{} if m is None else m.metrics for m in manifests]
     columns = [["NAME", *[i.name for i in infos]],
-               ["EPOCH", *[_num(i.epoch) for i in infos]],
-               ["STEP", *[_num(i.step) for i in infos]]]
-    logged = [i.metrics for i in infos]
-    columns += [[m, *[_value(row.get(m)) for row in logged]] for m in metrics]
+               ["EPOCH", *["-" if m is None else str(m.epoch) for m in manifests]],
+               ["STEP", *["-" if m is None else str(m.step) for m in manifests]]]
+    columns += [[name, *_metric_cells(logged, name)] for name in metrics]
     columns += [["SIZE", *[human_size(i.size) for i in infos]],
                 ["CREATED", *[local_time(i.created) for i in infos]],
-                ["STATUS", *[i.status.value for i in infos]],
+                ["STATUS", *[i.status._value_ for i in infos]],  # not `.value`, a property: 10x as slow
                 ["NOTE", *[notes.get(id(i), "") for i in infos]]]
     _lines(format_columns(columns, right={1, 2, *range(3, 4 + len(metrics))}))  # numbers and size
     _out("")
@@ -248,6 +250,11 @@ def _cmd_list(args: argparse.Namespace) -> int:
     if not all(i.checked for i in infos):
         _out("statuses from the run index; --deep checks every file's size, `resumable verify` re-reads them")
     return EXIT_OK
+
+
+def _metric_cells(logged: Sequence[dict[str, float]], name: str) -> list[str]:
+    values = [row.get(name) for row in logged]
+    return ["-" if value is None else f"{value:.4g}" for value in values]  # as `_value`, inlined
 
 
 def _summary(infos: Sequence[CheckpointInfo]) -> str:

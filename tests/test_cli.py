@@ -110,6 +110,7 @@ def test_list_shows_status_latest_and_best(capsys: pytest.CaptureFixture[str], d
     assert [line.split()[0] for line in lines[1:7]] == ALL  # newest last
     assert row(out, "ckpt-000001")[1:5] == ["1", "10", "0.95", "0.9"]
     assert row(out, "ckpt-000002")[-1] == "partial"
+    assert row(out, "ckpt-000002")[1:5] == ["-", "-", "-", "-"]  # no manifest: no epoch, step or metrics
     assert row(out, "ckpt-000003")[-2:] == ["ok", "best"]
     assert row(out, "ckpt-000005")[-1] == "corrupt"
     assert row(out, "ckpt-000006")[-2:] == ["ok", "latest"]
