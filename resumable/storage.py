@@ -32,7 +32,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from resumable import gcs_upload
+from resumable import gcs_listing, gcs_upload
 from resumable import index as run_index
 from resumable.checksum import CHUNK_SIZE, RunningCrc32c, crc32c_from_gcs, crc32c_of_chunks, crc32c_of_file
 from resumable.display import human_size
@@ -495,24 +495,30 @@ class RunStorage(RunFiles):
             return names, self._indexed(self._read_index()) if names else {}
         from fsspec.asyn import sync
 
+        async def folder_names() -> builtins.list[str]:
+            if self.is_gcs:
+                return await gcs_listing.folder_names(self.fs, self.root)  # the names only: cheaper
+            return self._folder_names(await self.fs._ls(self.root, detail=True))
+
         async def indexed() -> dict[str, CheckpointInfo]:
             # Built here, on the event loop, while the listing's answer is still on its way:
             # the server's time to list the folder then pays for most of this work.
             return self._indexed(await self.fs._cat_file(self._path(run_index.INDEX_NAME)))
 
         async def both() -> tuple[Any, Any]:
-            listing = self.fs._ls(self.root, detail=True)
-            return await asyncio.gather(listing, indexed(), return_exceptions=True)
+            return await asyncio.gather(folder_names(), indexed(), return_exceptions=True)
 
         if self.is_gcs:
             self.fs.invalidate_cache(self.root)  # another process may have written since
-        entries, infos = sync(self.fs.loop, both)
-        if isinstance(entries, Exception) or isinstance(infos, Exception) and not isinstance(
+        names, infos = sync(self.fs.loop, both)
+        if isinstance(names, Exception) or not names or isinstance(infos, Exception) and not isinstance(
             infos, FileNotFoundError
         ):
-            names = self._folder_names()  # again, one by one, with retries
+            # Again, one request at a time, with retries and errors that say what is wrong. An
+            # empty listing too: a missing bucket, a file instead of a folder, or a new run.
+            names = self._folder_names()
             return names, self._indexed(self._read_index()) if names else {}
-        return self._folder_names(entries), {} if isinstance(infos, Exception) else infos
+        return names, {} if isinstance(infos, Exception) else infos
 
     def _indexed(self, blob: bytes | None) -> dict[str, CheckpointInfo]:
         """The checkpoints the run index vouches for, by name (``checked=False``); bad entries left out."""
