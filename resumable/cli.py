@@ -30,7 +30,7 @@ from resumable.display import format_columns, format_table, human_size, local_ti
 from resumable.errors import CheckpointNotFoundError, LeaseHeldError, ResumableError, RunNotFoundError
 from resumable.lease import Lease, read_lease
 from resumable.manifest import MANIFEST_NAME
-from resumable.policy import Decision, Retention, best, plan, resolve_mode
+from resumable.policy import Decision, Retention, best_one, plan, resolve_mode
 from resumable.storage import CheckpointInfo, RunStorage, Status
 
 EXIT_OK = 0
@@ -613,8 +613,7 @@ class _Ranking:
     def best(self, infos: Sequence[CheckpointInfo]) -> CheckpointInfo | None:
         if self.monitor is None:
             return None
-        ranked = best(infos, self.monitor, self.mode)
-        return ranked[0] if ranked else None  # type: ignore[return-value]
+        return best_one(infos, self.monitor, self.mode)  # type: ignore[return-value]
 
     def describe(self, best_one: CheckpointInfo | None) -> str:
         if self.monitor is None:

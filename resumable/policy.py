@@ -112,6 +112,19 @@ def best(checkpoints: Sequence[CheckpointLike], monitor: str, mode: str = "auto"
     return [c for _, c in scored]
 
 
+def best_one(
+    checkpoints: Sequence[CheckpointLike], monitor: str, mode: str = "auto"
+) -> CheckpointLike | None:
+    """The first of `best`, or None, in one pass without sorting: `resumable list` ranks thousands."""
+    sign = 1 if resolve_mode(monitor, mode) == "min" else -1
+    found, found_score = None, 0.0
+    for c in _newest_first(checkpoints):
+        score = _score(c, monitor)
+        if score is not None and (found is None or score * sign < found_score):  # ties: the newer stays
+            found, found_score = c, score * sign
+    return found
+
+
 def plan(checkpoints: Sequence[CheckpointLike], retention: Retention) -> list[Decision]:
     """Decide for every checkpoint whether to keep it.
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from resumable.policy import Retention, best, is_better, plan, resolve_mode
+from resumable.policy import Retention, best, best_one, is_better, plan, resolve_mode
 
 
 @dataclass(frozen=True)
@@ -112,6 +112,18 @@ def test_best_ignores_missing_and_nan_metrics_and_prefers_the_newer_on_ties() ->
     assert [c.name for c in best(checkpoints, "val_loss")] == epochs(4, 1, 5)
     # the plan keeps the newer of two equal bests
     assert kept(checkpoints, Retention(keep_last=1, monitor="val_loss")) == epochs(4, 5)
+
+
+@pytest.mark.parametrize("mode", ["min", "max"])
+@pytest.mark.parametrize("losses", [
+    (0.3, None, math.nan, 0.3, 0.5), (), (None, math.nan), (math.inf, math.inf), (-math.inf, 1.0, -math.inf),
+    (0.5,), (0.2, 0.1, 0.1, 0.3), (0.1, 0.9, 0.9, 0.1),
+])
+def test_best_one_is_the_first_of_best(losses: tuple[float | None, ...], mode: str) -> None:
+    """The one-pass version `resumable list` uses agrees with the sorted ranking, ties included."""
+    checkpoints = run(*losses, partial_at=(2,) if len(losses) > 2 else ())
+    ranked = best(checkpoints, "val_loss", mode)
+    assert best_one(checkpoints, "val_loss", mode) is (ranked[0] if ranked else None)
 
 
 def test_keep_every_keeps_the_end_of_epoch_save_not_the_mid_epoch_ones() -> None:
