@@ -74,14 +74,15 @@ def main(argv: list[str] | None = None) -> int:
         started = time.perf_counter()
         objects = make_run(run, args.checkpoints)
         index = f"{run}/{run_index.INDEX_NAME}"
-        if args.only and fs.exists(index):
+        reuse = bool(args.only) and fs.exists(index)
+        if reuse:
             fs.pipe_file(index, objects[index])  # as this version writes it
         else:
             fs.mkdir(bucket)
             fs.pipe(objects)
         setup = time.perf_counter() - started
-        print(f"fake-gcs-server at {endpoint}; built gs://{run} with {args.checkpoints} checkpoints "
-              f"({len(objects)} objects) in {setup:.1f} s")
+        print(f"fake-gcs-server at {endpoint}; {'reused' if reuse else 'built'} gs://{run} with "
+              f"{args.checkpoints} checkpoints ({len(objects)} objects) in {setup:.1f} s")
         if args.only:
             call = measures(fs, run, args.checkpoints)[args.only]
             call()  # imports and connections: paid by --calls 0 as well

@@ -493,3 +493,17 @@ def test_the_list_benchmark_runs_small(gcs_server: str) -> None:
     assert measures == ["gcsfs.ls", "gcsfs.find", "find + cat", "RunStorage.list deep", "RunStorage.list",
                         "resumable list", "resumable list --deep"]
     assert lines[-1].startswith("resumable list / gcsfs.ls = ")
+
+
+def test_the_list_benchmark_calls_one_measure_for_perf_stat(gcs_server: str) -> None:
+    """--only calls one measure on a run it keeps on the emulator (see docs/benchmarks.md)."""
+    script = Path(__file__).parents[1] / "benchmarks" / "bench_list.py"
+    args = [sys.executable, str(script), "--checkpoints", "5", "--only", "resumable list", "--calls", "2"]
+    outputs = []
+    for _ in range(2):
+        result = subprocess.run(args, capture_output=True, text=True, timeout=120, env=os.environ.copy())
+        assert result.returncode == 0, result.stderr
+        outputs.append(result.stdout.splitlines())
+    assert [lines[-1] for lines in outputs] == ["called resumable list 2 times"] * 2
+    assert "built gs://bench-list-5/runs/bench" in outputs[0][0]
+    assert "reused gs://bench-list-5/runs/bench" in outputs[1][0]  # its index rewritten, nothing else
