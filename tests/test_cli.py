@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 import types
 from datetime import datetime, timezone
 from pathlib import Path
@@ -19,7 +20,7 @@ import fsspec
 import pytest
 
 from resumable.cli import build_parser, main
-from resumable.display import format_table, human_size
+from resumable.display import format_table, human_size, utc_time, utc_times
 from resumable.lease import LeaseInfo
 from resumable.manifest import MANIFEST_NAME, Manifest
 from resumable.storage import RunStorage
@@ -471,6 +472,43 @@ def test_demo_calls_resumable_demo_main_with_the_folder(
 )
 def test_human_size(size: int, text: str) -> None:
     assert human_size(size) == text
+
+
+@pytest.mark.parametrize(("text", "shown"), [
+    ("2026-11-22T06:10:03+00:00", "2026-11-22T06:10:03Z"),  # as manifests record it: sliced
+    ("2026-11-22T07:10:03+01:00", "2026-11-22T06:10:03Z"),
+    ("2026-11-22T06:10:03.999+00:00", "2026-11-22T06:10:03Z"),
+    ("2026-11-22T06:10:03Z", "2026-11-22T06:10:03Z"),
+    ("2026-11-22T06:10:03", "2026-11-22T06:10:03Z"),  # no offset: UTC, as manifests mean it
+    ("2026-11-21T23:30:00-08:00", "2026-11-22T07:30:00Z"),  # across midnight
+    ("yesterday at 6", "-"), ("abcdefghijklmnopqrs+00:00", "-"), ("", "-"), (None, "-"),
+])
+def test_utc_time(text: str | None, shown: str) -> None:
+    assert utc_time(text) == shown
+    assert utc_times([text, text]) == [shown, shown]
+
+
+def test_list_shows_times_in_utc_whatever_the_local_zone(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = str(tmp_path / "run")
+    build_run(url, tmp_path, [0.5])
+    (info,) = RunStorage(url).list()
+    assert info.manifest is not None
+    created = datetime.fromisoformat(info.manifest.created).strftime("%Y-%m-%dT%H:%M:%SZ")
+    monkeypatch.setenv("TZ", "Asia/Kolkata")  # +05:30, were the table in local time
+    time.tzset()
+    try:
+        for deep in ([], ["--deep"]):  # from the index, then from the manifest
+            code, out, err = cli(capsys, "list", url, *deep)
+            assert code == 0, err
+            assert created in out.splitlines()[1].split(), out
+        code, out, err = cli(capsys, "inspect", url)
+        assert code == 0, err
+        assert re.search(rf"^created +{created}$", out, re.M), out
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()
 
 
 def test_format_table_aligns_columns() -> None:

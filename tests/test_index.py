@@ -34,9 +34,10 @@ def test_an_entry_gives_back_the_listing_part_of_its_manifest() -> None:
     assert listed.state == {"monitor": "val_loss", "mode": "min"}  # only what ranks checkpoints
     assert listed.versions == {}
     assert json.loads(blob)["format_version"] == run_index.INDEX_VERSION
-    [(name, from_columns, size_from_columns)] = run_index.listing(blob)
-    assert (name, size_from_columns) == ("ckpt-000007", 612)
-    assert repr(from_columns) == repr(listed)  # NaN != NaN: compare the text
+    [row] = run_index.listing(blob)
+    assert (row[0], row[5]) == ("ckpt-000007", 612)
+    assert repr(run_index.manifest_of_row(row)) == repr(listed)  # NaN != NaN: compare the text
+    assert math.isnan(row[7]["val_loss"])  # the row's own metrics are floats too (null: NaN)
 
 
 def test_the_index_is_stored_a_column_at_a_time_in_name_order() -> None:
@@ -48,7 +49,8 @@ def test_the_index_is_stored_a_column_at_a_time_in_name_order() -> None:
     assert raw["manifest_size"] == [101, 102, 103]
     assert set(raw) == {"format", "format_version", *run_index.COLUMNS}
     assert run_index.decode(run_index.encode(entries)) == entries
-    assert [(n, m.epoch, s) for n, m, s in run_index.listing(run_index.encode(entries))] == [
+    rows = run_index.listing(run_index.encode(entries))
+    assert [(r[0], run_index.manifest_of_row(r).epoch, r[5]) for r in rows] == [
         ("ckpt-000001", 1, 101), ("ckpt-000002", 2, 102), ("ckpt-000003", 3, 103)]
 
 
@@ -77,7 +79,30 @@ def test_listing_leaves_out_a_bad_entry_and_keeps_the_others(damage: dict[str, A
     entries = {"ckpt-000001": good_entry(), "ckpt-000002": {**good_entry(), **damage},
                "ckpt-000003": good_entry()}
     blob = json.dumps(json.loads(run_index.encode(entries))).encode()  # as a hand edit would leave it
-    assert [name for name, _, _ in run_index.listing(blob)] == ["ckpt-000001", "ckpt-000003"]
+    assert [row[0] for row in run_index.listing(blob)] == ["ckpt-000001", "ckpt-000003"]
+
+
+@pytest.mark.parametrize("damage", DAMAGES + [{"metrics": {"loss": None}}, {"metrics": {"loss": 1}}])
+def test_the_column_check_sends_every_damage_to_the_row_by_row_check(damage: dict[str, Any]) -> None:
+    """Rows that pass the fast check are never built by `manifest_of_row` into an error later."""
+    good = json.loads(run_index.encode({"ckpt-000001": good_entry(), "ckpt-000002": good_entry()}))
+    assert run_index._columns_good([good[key] for key in run_index.COLUMNS])
+    damaged = json.loads(run_index.encode({"ckpt-000001": good_entry(),
+                                           "ckpt-000002": {**good_entry(), **damage}}))
+    assert not run_index._columns_good([damaged[key] for key in run_index.COLUMNS])
+
+
+def test_rows_of_the_fast_and_the_row_by_row_check_build_the_same_manifests() -> None:
+    entries = {f"ckpt-{e:06d}": run_index.entry(Manifest(
+        epoch=e, step=e, files={"m.h5": FileEntry(e, "0000000a")}, metrics={"loss": 1 / e},
+        created="2026-11-22T08:00:00+00:00", state={"monitor": "loss"}), 90) for e in (1, 2, 3)}
+    fast = run_index.listing(run_index.encode(entries))
+    entries["ckpt-000004"] = {**good_entry(), "metrics": {"loss": None}}  # null: the row-by-row path
+    slow = run_index.listing(run_index.encode(entries))
+    assert fast == slow[:3]
+    assert [repr(run_index.manifest_of_row(r)) for r in fast] == [
+        repr(run_index.manifest_of_row(r)) for r in slow[:3]]
+    assert math.isnan(slow[3][7]["loss"])
 
 
 def test_a_hand_made_integer_metric_reads_back_as_a_float() -> None:
@@ -117,5 +142,6 @@ def test_the_example_in_the_format_docs_is_an_index_this_version_reads() -> None
     example = re.search(r'```json\n(\{"format":"resumable\.index".*?)```', text, re.S)
     assert example is not None
     listed = run_index.listing(example.group(1).encode())
-    assert [(name, manifest.epoch, manifest.state["monitor"]) for name, manifest, _ in listed] == [
+    manifests = [(row[0], run_index.manifest_of_row(row)) for row in listed]
+    assert [(name, manifest.epoch, manifest.state["monitor"]) for name, manifest in manifests] == [
         ("ckpt-000001", 1, "val_loss"), ("ckpt-000002", 2, "val_loss")]

@@ -344,19 +344,31 @@ def test_quick_list_costs_two_requests_and_agrees_with_the_full_one(
 def test_an_indexed_checkpoint_is_the_dataclass_its_constructor_builds(
     storage: RunStorage, tmp_path: Path
 ) -> None:
-    """`list` builds indexed infos without the dataclass' __init__ (speed): still equal, sized and frozen."""
+    """`list` builds indexed infos lazily, without the dataclass' __init__: still equal, sized, frozen."""
     commit(storage, tmp_path, "ckpt-000001", Manifest(epoch=1, step=3, metrics={"loss": 0.5}))
     (quick,) = storage.list(check_files=False)
+    (full,) = storage.list()
+    assert isinstance(quick, CheckpointInfo)
+    # read before the manifest and files are built from the row, then after
+    early = (quick.epoch, quick.step, quick.metrics, quick.size, quick.created, quick.created_iso, quick.ok)
     built = CheckpointInfo(quick.name, quick.url, Status.OK, quick.manifest, listed=dict(quick.listed),
                            checked=False)
-    assert quick == built and repr(quick) == repr(built)
-    assert quick.manifest is not None and quick.manifest.files  # built with tuple.__new__: still the types
+    assert all(getattr(quick, f.name) == getattr(built, f.name) for f in dataclasses.fields(CheckpointInfo))
+    assert full.manifest is not None and quick.manifest.files == full.manifest.files
+    recorded = {rel: ListedFile(e.size, e.crc32c, None) for rel, e in full.manifest.files.items()}
+    recorded[MANIFEST_NAME] = ListedFile(full.listed[MANIFEST_NAME].size, None, None)
+    assert quick.listed == recorded
+    assert early == (built.epoch, built.step, built.metrics, built.size, built.created, built.created_iso,
+                     True)
+    assert repr(quick).replace("_IndexedInfo", "CheckpointInfo") == repr(built)
+    assert quick.manifest is not None and quick.manifest.files  # built from the row: still the types
     assert all(type(f) is ListedFile for f in quick.listed.values())
     assert all(type(e) is FileEntry for e in quick.manifest.files.values())
     assert quick.size == built.size == sum(f.size for f in storage.list()[0].listed.values())
     with pytest.raises(dataclasses.FrozenInstanceError):
         quick.status = Status.CORRUPT  # type: ignore[misc]
-    assert dataclasses.replace(quick, problem="x").problem == "x" and quick.problem == ""
+    copy = dataclasses.replace(quick, problem="x", manifest=Manifest(epoch=9, step=90, created=""))
+    assert (copy.problem, copy.epoch, copy.step, copy.created_iso, quick.problem) == ("x", 9, 90, None, "")
 
 
 def test_quick_list_without_a_usable_index_reads_the_manifests(storage: RunStorage, tmp_path: Path) -> None:
