@@ -151,12 +151,14 @@ class _IndexedInfo(CheckpointInfo):
 
     Equal in every field to ``CheckpointInfo(name, url, Status.OK, manifest,
     listed=recorded, checked=False)``, but its manifest and files are built when first asked
-    for: `resumable list` shows thousands of rows and needs neither, only the row's epoch,
-    step, metrics, time and size. `run_index.listing` checked the row, so building them cannot
-    fail. A copy made with `dataclasses.replace` has no row and answers from its fields.
+    for: `resumable list` shows thousands of rows and needs neither. `_indexed_info` puts the
+    row's epoch, step, metrics and time in the instance's ``__dict__``, where reading them
+    costs no call; the cached properties below only serve a `dataclasses.replace` copy, which
+    has no row and answers from its fields. `run_index.listing` checked the row, so building
+    the manifest cannot fail.
     """
 
-    _row: run_index.Row | None = None  # set in `__dict__` by `_indexed_info`
+    _row: run_index.Row | None = None  # set by `_indexed_info`; a copy has none
 
     @cached_property
     def manifest(self) -> Manifest:
@@ -171,38 +173,41 @@ class _IndexedInfo(CheckpointInfo):
         listed[MANIFEST_NAME] = ListedFile(self._row[5], None, None)
         return listed
 
-    @property
-    def epoch(self) -> int | None:
-        return self._row[1] if self._row is not None else super().epoch
-
-    @property
-    def step(self) -> int | None:
-        return self._row[2] if self._row is not None else super().step
-
-    @property
-    def metrics(self) -> dict[str, float]:
-        return self._row[7] if self._row is not None else super().metrics
-
     @cached_property
     def size(self) -> int:
         if self._row is None:
             return sum(f.size for f in self.listed.values())
         return self._row[5] + sum(n for n, _ in self._row[6].values())
 
-    @property
+    # Cached properties are non-data descriptors: the values in the ``__dict__`` win.
+    @cached_property
+    def ok(self) -> bool:
+        return super().ok
+
+    @cached_property
+    def epoch(self) -> int | None:
+        return super().epoch
+
+    @cached_property
+    def step(self) -> int | None:
+        return super().step
+
+    @cached_property
+    def metrics(self) -> dict[str, float]:
+        return super().metrics
+
+    @cached_property
+    def created_iso(self) -> str | None:
+        return super().created_iso
+
+    @cached_property
     def created(self) -> datetime | None:
         if self._row is None:
             return super().created
         try:
-            return datetime.fromisoformat(self._row[4])  # as Manifest.created_at
+            return datetime.fromisoformat(self._row[4])  # as Manifest.created_at, without building it
         except ValueError:
             return None
-
-    @property
-    def created_iso(self) -> str | None:
-        if self._row is None:
-            return super().created_iso
-        return self._row[4] or None  # indexed files carry no modification times to fall back on
 
 
 class RunStorage(RunFiles):
@@ -940,7 +945,8 @@ def _indexed_info(url: str, row: run_index.Row) -> CheckpointInfo:
     """
     info = _new_object(_IndexedInfo)
     _set_attribute(info, "__dict__", {"name": row[0], "url": url, "status": _OK, "problem": "",
-                                      "checked": False, "_row": row})
+                                      "checked": False, "_row": row, "ok": True, "epoch": row[1],
+                                      "step": row[2], "metrics": row[7], "created_iso": row[4] or None})
     return info
 
 
