@@ -38,6 +38,8 @@ def format_columns(columns: Sequence[Sequence[str]], right: Iterable[int] = ()) 
         width = max(map(len, column), default=0)
         if i in right_aligned:
             padded.append([c.rjust(width) for c in column])
+        elif i == len(columns) - 1:
+            padded.append(column)  # the last column, left-aligned: its padding would be stripped
         else:
             padded.append([c.ljust(width) for c in column])
     return ["  ".join(cells).rstrip() for cells in zip(*padded, strict=True)]
@@ -74,20 +76,28 @@ def utc_times(texts: Iterable[str | None]) -> list[str]:
     """
     found = []
     for text in texts:
-        moment = _parsed(text) if text else None
-        if not text or moment is None:
-            found.append("-")
-        elif len(text) == 25 and text.endswith("+00:00"):
-            found.append(f"{text[:19]}Z")
+        if text and len(text) == 25 and text.endswith("+00:00"):
+            try:
+                _parse(text)  # a hand-edited manifest may hold anything
+            except ValueError:
+                found.append("-")
+            else:
+                found.append(text[:19] + "Z")
         else:
-            if moment.tzinfo is not None:
-                moment = moment.astimezone(timezone.utc)
-            found.append(moment.strftime("%Y-%m-%dT%H:%M:%SZ"))
+            found.append(_any_utc_time(text))
     return found
 
 
-def _parsed(text: str) -> datetime | None:
+_parse = datetime.fromisoformat
+
+
+def _any_utc_time(text: str | None) -> str:
     try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00"))  # Python 3.11 reads no "Z"
+        moment = _parse(text.replace("Z", "+00:00")) if text else None  # Python 3.11 reads no "Z"
     except ValueError:
-        return None
+        moment = None
+    if moment is None:
+        return "-"
+    if moment.tzinfo is not None:
+        moment = moment.astimezone(timezone.utc)
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")

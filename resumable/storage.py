@@ -29,6 +29,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from enum import Enum
 from functools import cached_property
+from operator import itemgetter
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -70,6 +71,7 @@ QUICK_FALLBACK_FOLDERS = 8  # more folders missing from the run index: one recur
 DRIVE_MOUNT = "/content/drive/"
 
 _new_object, _set_attribute = object.__new__, object.__setattr__  # see `_indexed_info`
+_first = itemgetter(0)
 
 
 class Status(str, Enum):
@@ -172,12 +174,6 @@ class _IndexedInfo(CheckpointInfo):
         listed = {rel: ListedFile(entry.size, entry.crc32c, None) for rel, entry in files.items()}
         listed[MANIFEST_NAME] = ListedFile(self._row[5], None, None)
         return listed
-
-    @cached_property
-    def size(self) -> int:
-        if self._row is None:
-            return sum(f.size for f in self.listed.values())
-        return self._row[5] + sum(n for n, _ in self._row[6].values())
 
     # Cached properties are non-data descriptors: the values in the ``__dict__`` win.
     @cached_property
@@ -946,7 +942,8 @@ def _indexed_info(url: str, row: run_index.Row) -> CheckpointInfo:
     info = _new_object(_IndexedInfo)
     _set_attribute(info, "__dict__", {"name": row[0], "url": url, "status": _OK, "problem": "",
                                       "checked": False, "_row": row, "ok": True, "epoch": row[1],
-                                      "step": row[2], "metrics": row[7], "created_iso": row[4] or None})
+                                      "step": row[2], "metrics": row[7], "created_iso": row[4] or None,
+                                      "size": row[5] + sum(map(_first, row[6].values()))})
     return info
 
 
