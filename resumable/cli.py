@@ -20,6 +20,7 @@ import contextlib
 import itertools
 import json
 import math
+import operator
 import sys
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -261,9 +262,9 @@ def _metric_cells(logged: Sequence[dict[str, float]], name: str) -> list[str]:
 
 
 def _summary(infos: Sequence[CheckpointInfo]) -> str:
-    counts = Counter(i.status for i in infos)
+    counts = Counter(map(_status_of, infos))  # `map`, not a generator: thousands of checkpoints
     detail = ", ".join(f"{counts[status]} {status}" for status in Status if counts[status])
-    total = human_size(sum(i.size for i in infos))
+    total = human_size(sum(map(_size_of, infos)))
     return f"{_plural(len(infos), 'checkpoint')} ({detail}), {total}"
 
 
@@ -659,7 +660,10 @@ def _recorded_state(infos: Sequence[CheckpointInfo]) -> dict[str, Any]:
 
 def _metric_names(infos: Iterable[CheckpointInfo]) -> list[str]:
     """Every metric any checkpoint recorded, in the order Keras logged them."""
-    return list(dict.fromkeys(itertools.chain.from_iterable(info.metrics for info in infos)))
+    return list(dict.fromkeys(itertools.chain.from_iterable(map(_metrics_of, infos))))
+
+
+_metrics_of, _status_of, _size_of = (operator.attrgetter(a) for a in ("metrics", "status", "size"))
 
 
 def _describe(info: CheckpointInfo) -> str:

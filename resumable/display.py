@@ -33,7 +33,7 @@ def format_columns(columns: Sequence[Sequence[str]], right: Iterable[int] = ()) 
         ['NAME  SIZE', 'a     1 KB']
     """
     right_aligned = set(right)
-    padded = []
+    padded: list[Sequence[str]] = []
     for i, column in enumerate(columns):
         width = max(map(len, column), default=0)
         if i in right_aligned:

@@ -119,9 +119,11 @@ def best_one(
     sign = 1 if resolve_mode(monitor, mode) == "min" else -1
     found, found_score = None, 0.0
     for c in _newest_first(checkpoints):
-        score = _score(c, monitor)
-        if score is not None and (found is None or score * sign < found_score):  # ties: the newer stays
-            found, found_score = c, score * sign
+        value = c.metrics.get(monitor)
+        if value is None or value != value:  # not logged, or NaN: `_score` inlined, a call per checkpoint
+            continue
+        if found is None or float(value) * sign < found_score:  # ties: the newer stays
+            found, found_score = c, float(value) * sign
     return found
 
 

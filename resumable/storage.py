@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from enum import Enum
 from functools import cached_property
-from operator import itemgetter
+from operator import attrgetter, itemgetter
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -72,6 +72,7 @@ DRIVE_MOUNT = "/content/drive/"
 
 _new_object, _set_attribute = object.__new__, object.__setattr__  # see `_indexed_info`
 _first = itemgetter(0)
+_epoch_step_name = attrgetter("epoch", "step", "name")  # `RunStorage._order` of infos with manifests
 
 
 class Status(str, Enum):
@@ -161,6 +162,10 @@ class _IndexedInfo(CheckpointInfo):
     """
 
     _row: run_index.Row | None = None  # set by `_indexed_info`; a copy has none
+    # the same for every indexed info; a copy's own fields, in its `__dict__`, win
+    status = _OK
+    problem = ""
+    checked = False
 
     @cached_property
     def manifest(self) -> Manifest:
@@ -539,6 +544,8 @@ class RunStorage(RunFiles):
                 unindexed.append(name)  # not indexed, or a bad entry: the folder's own manifest decides
             else:
                 infos.append(info)
+        if not unindexed:  # all from the index, each with a manifest: `_order` without a call each
+            return sorted(infos, key=_epoch_step_name)
         infos += self._check_folders(unindexed)
         return sorted(infos, key=self._order)
 
@@ -940,8 +947,7 @@ def _indexed_info(url: str, row: run_index.Row) -> CheckpointInfo:
     field cannot be forgotten here.
     """
     info = _new_object(_IndexedInfo)
-    _set_attribute(info, "__dict__", {"name": row[0], "url": url, "status": _OK, "problem": "",
-                                      "checked": False, "_row": row, "ok": True, "epoch": row[1],
+    _set_attribute(info, "__dict__", {"name": row[0], "url": url, "_row": row, "ok": True, "epoch": row[1],
                                       "step": row[2], "metrics": row[7], "created_iso": row[4] or None,
                                       "size": row[5] + sum(map(_first, row[6].values()))})
     return info

@@ -206,6 +206,9 @@ def test_ordering_by_epoch_and_step_not_by_name_or_time(run_url: str, tmp_path: 
         commit(storage, tmp_path, name, Manifest(epoch=epoch, step=step, batch=50 if mid else 0))
     expected = ["ckpt-1", "ckpt-2", "ckpt-2-step-000000250", "ckpt-9", "ckpt-9-step-000000950", "ckpt-10"]
     assert names(storage.list()) == expected
+    assert names(storage.list(check_files=False)) == expected  # every one from the index
+    put_raw(storage, b"half", "ckpt-5", "model.keras")  # then a partial folder, not indexed: the other path
+    assert names(storage.list(check_files=False)) == expected[:3] + ["ckpt-5"] + expected[3:]
     assert names(storage.newest_first()) == expected[::-1]
     latest = storage.latest()
     assert latest is not None and (latest.name, latest.epoch, latest.step) == ("ckpt-10", 10, 1000)
