@@ -85,8 +85,9 @@ def listing(data: bytes | None) -> list[Row]:
     columns = _columns(data)
     if columns is None:
         return []
-    if _columns_good(columns):
-        return list(zip(*columns, strict=True))
+    rows = _checked_by_columns(columns)
+    if rows is not None:
+        return rows
     found = []
     for row in zip(*columns, strict=True):
         try:
@@ -143,19 +144,25 @@ def _columns(data: bytes | None) -> list[list[Any]] | None:
     return columns
 
 
-def _columns_good(columns: list[list[Any]]) -> bool:
-    """True when every row passes `_manifest`'s checks and all metrics are floats already."""
+def _checked_by_columns(columns: list[list[Any]]) -> list[Row] | None:
+    """The rows, when every one passes `_manifest`'s checks; else None (check them one by one)."""
     names, epoch, step, batch, created, size, files, metrics, state = columns
     if not (_all(names, str) and _all(epoch, int) and _all(step, int) and _all(batch, int)
             and _all(created, str) and _all(size, int)
             and _all(files, dict) and _all(metrics, dict) and _all(state, dict)):
-        return False
+        return None
     entries = list(chain.from_iterable(map(dict.values, files)))
-    return (_all(entries, list) and set(map(len, entries)) <= {2}
+    if not (_all(entries, list) and set(map(len, entries)) <= {2}
             and _all(map(_first, entries), int) and _all(map(_second, entries), str)
-            and _all(chain.from_iterable(map(dict.values, metrics)), float)  # null: NaN, row by row
             and set(chain.from_iterable(map(dict.keys, state))) <= set(RANKING_KEYS)
-            and _all(chain.from_iterable(map(dict.values, state)), str))
+            and _all(chain.from_iterable(map(dict.values, state)), str)):
+        return None
+    metric_types = set(map(type, chain.from_iterable(map(dict.values, metrics))))
+    if not metric_types <= {float, type(None)}:  # null: NaN or infinity, which JSON cannot hold
+        return None
+    if type(None) in metric_types:  # a diverged epoch need not slow the whole listing
+        metrics = [_nan_for_null(m) if None in m.values() else m for m in metrics]
+    return list(zip(names, epoch, step, batch, created, size, files, metrics, state, strict=True))
 
 
 def _all(values: Any, kind: type) -> bool:
@@ -164,6 +171,10 @@ def _all(values: Any, kind: type) -> bool:
 
 
 _first, _second = itemgetter(0), itemgetter(1)
+
+
+def _nan_for_null(metrics: dict[str, Any]) -> dict[str, Any]:
+    return {name: math.nan if value is None else value for name, value in metrics.items()}
 
 
 def _manifest(

@@ -82,14 +82,14 @@ def test_listing_leaves_out_a_bad_entry_and_keeps_the_others(damage: dict[str, A
     assert [row[0] for row in run_index.listing(blob)] == ["ckpt-000001", "ckpt-000003"]
 
 
-@pytest.mark.parametrize("damage", DAMAGES + [{"metrics": {"loss": None}}, {"metrics": {"loss": 1}}])
+@pytest.mark.parametrize("damage", DAMAGES + [{"metrics": {"loss": 1}}])
 def test_the_column_check_sends_every_damage_to_the_row_by_row_check(damage: dict[str, Any]) -> None:
     """Rows that pass the fast check are never built by `manifest_of_row` into an error later."""
     good = json.loads(run_index.encode({"ckpt-000001": good_entry(), "ckpt-000002": good_entry()}))
-    assert run_index._columns_good([good[key] for key in run_index.COLUMNS])
+    assert run_index._checked_by_columns([good[key] for key in run_index.COLUMNS]) is not None
     damaged = json.loads(run_index.encode({"ckpt-000001": good_entry(),
                                            "ckpt-000002": {**good_entry(), **damage}}))
-    assert not run_index._columns_good([damaged[key] for key in run_index.COLUMNS])
+    assert run_index._checked_by_columns([damaged[key] for key in run_index.COLUMNS]) is None
 
 
 def test_rows_of_the_fast_and_the_row_by_row_check_build_the_same_manifests() -> None:
@@ -97,12 +97,26 @@ def test_rows_of_the_fast_and_the_row_by_row_check_build_the_same_manifests() ->
         epoch=e, step=e, files={"m.h5": FileEntry(e, "0000000a")}, metrics={"loss": 1 / e},
         created="2026-11-22T08:00:00+00:00", state={"monitor": "loss"}), 90) for e in (1, 2, 3)}
     fast = run_index.listing(run_index.encode(entries))
-    entries["ckpt-000004"] = {**good_entry(), "metrics": {"loss": None}}  # null: the row-by-row path
+    entries["ckpt-000004"] = {**good_entry(), "metrics": {"loss": 1}}  # hand-made: the row-by-row path
     slow = run_index.listing(run_index.encode(entries))
     assert fast == slow[:3]
     assert [repr(run_index.manifest_of_row(r)) for r in fast] == [
         repr(run_index.manifest_of_row(r)) for r in slow[:3]]
-    assert math.isnan(slow[3][7]["loss"])
+    assert slow[3][7] == {"loss": 1.0} and type(slow[3][7]["loss"]) is float
+
+
+def test_a_nan_metric_keeps_the_column_check_and_reads_back_as_nan() -> None:
+    """A diverged epoch (loss NaN, stored as null) is common: it must not slow the whole listing."""
+    entries = {f"ckpt-{e:06d}": run_index.entry(Manifest(epoch=e, metrics={"loss": loss, "acc": 0.5}), 90)
+               for e, loss in ((1, 0.5), (2, math.nan), (3, math.inf))}
+    raw = json.loads(run_index.encode(entries))
+    assert raw["metrics"][1] == {"loss": None, "acc": 0.5}
+    assert run_index._checked_by_columns([raw[key] for key in run_index.COLUMNS]) is not None
+    rows = run_index.listing(run_index.encode(entries))
+    assert rows[0][7] == {"loss": 0.5, "acc": 0.5}
+    assert [math.isnan(r[7]["loss"]) for r in rows] == [False, True, True]
+    assert all(type(v) is float for r in rows for v in r[7].values())
+    assert math.isnan(run_index.manifest_of_row(rows[1]).metrics["loss"])
 
 
 def test_a_hand_made_integer_metric_reads_back_as_a_float() -> None:
