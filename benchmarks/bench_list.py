@@ -42,12 +42,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from fake_gcs import fake_gcs_server, point_gcs_clients_at  # noqa: E402
 
-from resumable import index as run_index  # noqa: E402
-from resumable.checksum import crc32c_of_bytes  # noqa: E402
-from resumable.cli import main as cli_main  # noqa: E402
-from resumable.display import format_table  # noqa: E402
-from resumable.manifest import MANIFEST_NAME, FileEntry, Manifest, now_iso  # noqa: E402
-from resumable.storage import RunStorage  # noqa: E402
+from resumable.cli.app import main as cli_main  # noqa: E402
+from resumable.core.checksum import crc32c_of_bytes  # noqa: E402
+from resumable.core.display import format_table  # noqa: E402
+from resumable.core.manifest import MANIFEST_NAME, FileEntry, Manifest, now_iso  # noqa: E402
+from resumable.storage import (
+    RunStorage,  # noqa: E402
+    run_index,  # noqa: E402
+)
 
 TARGET_RATIO = 3.0  # issue #4: `list` within 3x of a bare listing
 

@@ -49,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from bench_list import emulator  # noqa: E402
 
-from resumable.display import format_table, human_size  # noqa: E402
+from resumable.core.display import format_table, human_size  # noqa: E402
 
 DOCS = Path(__file__).parent.parent / "docs" / "benchmarks.md"
 BEGIN, END = "<!-- bench_save: begin -->", "<!-- bench_save: end -->"

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from resumable.errors import (
+from resumable._version import __version__
+from resumable.core.errors import (
     CheckpointExistsError,
     CheckpointMismatchError,
     CheckpointNotFoundError,
@@ -24,19 +25,21 @@ from resumable.errors import (
     StoragePermissionError,
     UnsupportedFormatError,
 )
-from resumable.manifest import Manifest
-from resumable.retry import RetryPolicy
+from resumable.core.manifest import Manifest
 from resumable.storage import CheckpointInfo, RunStorage, Status
-
-__version__ = "0.1.0"
+from resumable.storage.retry import RetryPolicy
 
 if TYPE_CHECKING:
-    from resumable.callback import CheckpointCallback
-    from resumable.run import Run, resume
+    from resumable.keras.callback import CheckpointCallback
+    from resumable.keras.run import Run, resume
 
-# `resume` lives in resumable.run: a submodule named resumable.resume would replace the function
+# `resume` lives in resumable.keras.run: a submodule named resumable.resume would replace the function
 # `resumable.resume` with the module as soon as anything imported it.
-_LAZY = {"CheckpointCallback": "resumable.callback", "resume": "resumable.run", "Run": "resumable.run"}
+_LAZY = {
+    "CheckpointCallback": "resumable.keras.callback",
+    "resume": "resumable.keras.run",
+    "Run": "resumable.keras.run",
+}
 
 
 def __getattr__(name: str) -> Any:

@@ -1,5 +1,5 @@
 """``python -m resumable``: the same as the ``resumable`` command."""
 
-from resumable.cli import main
+from resumable.cli.app import main
 
 raise SystemExit(main())

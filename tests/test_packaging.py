@@ -17,7 +17,7 @@ def test_tensorflow_is_only_an_extra() -> None:
 
 def test_storage_and_cli_do_not_import_tensorflow_or_keras() -> None:
     code = (
-        "import sys, resumable, resumable.storage, resumable.cli, resumable.policy\n"
+        "import sys, resumable, resumable.storage, resumable.cli.app, resumable.core.policy\n"
         "heavy = sorted(m for m in ('tensorflow', 'keras', 'jax') if m in sys.modules)\n"
         "print(','.join(heavy))\n"
     )

@@ -160,7 +160,7 @@ class _TornFile:
 
 def main(argv: list[str]) -> int:
     url, workdir, target, mode = argv[0], Path(argv[1]), int(argv[2]), argv[3]
-    from resumable.manifest import Manifest
+    from resumable.core.manifest import Manifest
     from resumable.storage import RunStorage
 
     storage = RunStorage(url)

@@ -41,7 +41,7 @@ def main(argv: list[str]) -> int:
     import numpy as np
 
     import resumable
-    from resumable.errors import LeaseHeldError, LeaseLostError
+    from resumable.core.errors import LeaseHeldError, LeaseLostError
 
     handler = logging.StreamHandler(sys.stdout)
     handler.setFormatter(logging.Formatter("LOG %(message)s"))

@@ -154,7 +154,7 @@ def zygote() -> int:
     import keras  # noqa: F401  (the expensive imports, shared by every child)
     import tensorflow  # noqa: F401
 
-    import resumable.run  # noqa: F401
+    import resumable.keras.run  # noqa: F401
 
     print("ZYGOTE READY", flush=True)
     for line in sys.stdin:

@@ -1,0 +1,1 @@
+"""The ``resumable`` command line (see `resumable.cli.app`)."""

@@ -1,0 +1,1 @@
+"""The Keras side: the callback, model I/O, positioning in an epoch, `resume()` and `Run`."""

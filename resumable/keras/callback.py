@@ -1,0 +1,797 @@
+"""`CheckpointCallback`: a Keras callback that commits resumable checkpoints to a run folder."""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import hashlib
+import inspect
+import logging
+import math
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar, cast
+
+import keras
+
+from resumable.core.display import human_size
+from resumable.core.errors import CheckpointExistsError, LeaseLostError, ResumableError
+from resumable.core.manifest import Manifest
+from resumable.core.naming import DEFAULT_TEMPLATE
+from resumable.core.policy import Retention, is_better, plan, resolve_mode
+from resumable.keras import keras_io, notebook
+from resumable.manager.uploader import Uploader
+from resumable.storage import CheckpointInfo, RunStorage
+from resumable.storage.errors import NO_SPACE_ERRNOS, free_space
+from resumable.storage.lease import DEFAULT_TIMEOUT, Lease, check_timeout, read_lease
+
+logger = logging.getLogger("resumable")
+
+_MODEL_FILE_SUFFIXES = (".keras", ".h5", ".weights.h5")
+
+_Hook = TypeVar("_Hook", bound=Callable[..., None])
+
+
+def _gives_lease_back_on_error(hook: _Hook) -> _Hook:
+    """An exception leaving this hook ends model.fit, and Keras then calls no on_train_end: land
+    the uploads and give the writer lease back. Not for KeyboardInterrupt or SystemExit: Run.fit
+    saves the interrupted state after those, under the lease, then gives it back."""
+
+    @functools.wraps(hook)
+    def wrapper(self: CheckpointCallback, *args: Any, **kwargs: Any) -> None:
+        try:
+            hook(self, *args, **kwargs)
+        except Exception:
+            self._end_after_error()
+            raise
+
+    return cast(_Hook, wrapper)
+
+
+class CheckpointCallback(keras.callbacks.Callback):
+    """Save resumable checkpoints of a Keras model to a run folder, keeping the last and the best.
+
+    Each checkpoint is serialized to a local staging folder, copied to the run folder (a local
+    path, a Google Drive mount, ``gs://bucket/prefix``, any fsspec URL) and committed by writing
+    its manifest last, so a run killed at any moment leaves every committed checkpoint intact.
+    A checkpoint holds the model and its optimizer state, the epoch and step, the history,
+    this callback's best value and the state of EarlyStopping and ReduceLROnPlateau in the same
+    fit. Continue a run with `resumable.resume`, which returns a callback carrying that state.
+
+    The arguments follow `keras.callbacks.ModelCheckpoint`, except that ``filepath`` is the run
+    folder and ``filename`` names the checkpoints inside it.
+
+    Example:
+
+    ```python
+    cb = resumable.CheckpointCallback("/content/drive/MyDrive/runs/exp1", monitor="val_loss",
+                                      keep_last=3, keep_best=1)
+    model.fit(x, y, epochs=20, validation_split=0.1, callbacks=[cb])
+    ```
+
+    Args:
+        filepath: The run folder: a local folder, ``/content/drive/MyDrive/...``,
+            ``gs://bucket/prefix`` or another fsspec URL.
+        monitor: The metric that defines the best checkpoint (for ``keep_best`` and
+            ``save_best_only``). Defaults to ``"val_loss"``.
+        mode: ``"min"``, ``"max"`` or ``"auto"`` (max for accuracy-like names). Defaults to "auto".
+        save_best_only: Commit a checkpoint only when ``monitor`` improves. A resumed run then
+            continues from the best checkpoint, not from the last epoch. Defaults to False.
+        save_weights_only: Save ``model.weights.h5`` (weights and optimizer state) instead of
+            the whole ``.keras`` model; `resumable.resume` then needs ``build_model``.
+            Defaults to False.
+        save_freq: ``"epoch"`` to save at the end of every epoch, or an int N to also save
+            every N batches (mid-epoch checkpoints, at optimizer steps that are multiples of N).
+            Defaults to ``"epoch"``.
+        save_interval: Also save mid-epoch once this much training time has passed since the
+            last save: seconds, or a ``datetime.timedelta``. Bounds the work at risk whatever
+            the epoch length; combines with ``save_freq``. `Run.fit` resumes such a checkpoint
+            at the batch it was taken at. Defaults to None.
+        keep_last: Keep the newest N checkpoints; None keeps all. Defaults to 3.
+        keep_best: Also keep the best N by ``monitor``. Defaults to 1.
+        keep_every: Also keep every checkpoint whose epoch is a multiple of N. Defaults to None.
+        filename: Checkpoint folder name template with ``{epoch}``; may use ``{step}`` and
+            metric names. Defaults to ``"ckpt-{epoch:06d}"``.
+        verbose: 1 prints a line per checkpoint, 0 is silent. Defaults to 0.
+        initial_value_threshold: The value ``monitor`` must beat to count as the first best.
+            Defaults to None.
+        staging_dir: Local folder for serializing before the upload and for downloads on
+            resume. Defaults to ``<tempdir>/resumable-cache/<hash of filepath>``.
+        storage_options: Passed to the fsspec filesystem, e.g. ``{"token": "anon"}``.
+            Defaults to None.
+        async_upload: Upload in a background thread while training goes on: a save only
+            blocks training for the local serialization. At most one upload runs and one
+            waits; a newer checkpoint replaces the waiting one. The end of training (and an
+            exception leaving `Run.fit`, and interpreter exit) waits for the last upload.
+            False uploads inside the save. Defaults to True.
+        takeover: Take the run folder's writer lease even while another process holds it
+            (that process stops at its next save with `LeaseLostError`). Without it, training
+            into a folder another live process writes fails with `LeaseHeldError` naming
+            that process. Defaults to False.
+        lease_timeout: Seconds (or a ``datetime.timedelta``) after which this process's lease,
+            if no longer renewed (renewal runs every ``min(60, lease_timeout / 10)`` seconds
+            from a background thread), counts as stale and may be taken over. Defaults to 600.
+    """
+
+    def __init__(
+        self,
+        filepath: str,
+        monitor: str = "val_loss",
+        mode: str = "auto",
+        save_best_only: bool = False,
+        save_weights_only: bool = False,
+        save_freq: str | int = "epoch",
+        save_interval: float | datetime.timedelta | None = None,
+        keep_last: int | None = 3,
+        keep_best: int = 1,
+        keep_every: int | None = None,
+        filename: str = DEFAULT_TEMPLATE,
+        verbose: int = 0,
+        initial_value_threshold: float | None = None,
+        staging_dir: str | Path | None = None,
+        storage_options: dict[str, Any] | None = None,
+        async_upload: bool = True,
+        takeover: bool = False,
+        lease_timeout: float | datetime.timedelta = DEFAULT_TIMEOUT,
+    ) -> None:
+        super().__init__()
+        _check_filepath(filepath)
+        _check_save_freq(save_freq)
+        self.save_interval = _check_save_interval(save_interval)
+        if not isinstance(monitor, str) or not monitor:
+            raise ValueError(
+                f"Invalid value for argument `monitor`. Received: monitor={monitor!r}. "
+                "Expected a metric name such as 'val_loss'."
+            )
+        self.retention = Retention(keep_last=keep_last, keep_best=keep_best, monitor=monitor, mode=mode,
+                                   keep_every=keep_every)
+        if verbose not in (0, 1, 2, True, False):
+            raise ValueError(
+                f"Invalid value for argument `verbose`. Received: verbose={verbose!r}. Expected 0 or 1."
+            )
+        if not isinstance(async_upload, bool):
+            raise ValueError(
+                f"Invalid value for argument `async_upload`. Received: async_upload={async_upload!r}. "
+                "Expected True or False."
+            )
+        self.filepath = str(filepath)
+        self.async_upload = async_upload
+        if not isinstance(takeover, bool):
+            raise ValueError(
+                f"Invalid value for argument `takeover`. Received: takeover={takeover!r}. "
+                "Expected True or False."
+            )
+        self.takeover = takeover
+        lease_seconds = check_timeout(lease_timeout)
+        self.monitor = monitor
+        self.mode = resolve_mode(monitor, mode)
+        self.save_best_only = bool(save_best_only)
+        self.save_weights_only = bool(save_weights_only)
+        self.save_freq = save_freq
+        self.verbose = int(verbose)
+        self.storage = RunStorage(self.filepath, filename=filename, storage_options=storage_options)
+        self.staging_dir = Path(staging_dir) if staging_dir else default_staging_dir(self.storage.url)
+        # One writer per run folder; at interpreter exit the last uploads land before it is released.
+        self.lease = Lease(self.storage, timeout=lease_seconds, before_exit=self._finish_uploads_at_exit)
+        # The newest committed checkpoint's files stay in staging_dir/committed; resume() does not
+        # read them (it checks the run folder's copy), they are a local copy to recover by hand.
+        self.uploader = Uploader(self.storage, commit=self._commit, on_commit=self._committed,
+                                 cache_dir=self.staging_dir / "committed", verbose=bool(verbose))
+        self.best: float | None = None if initial_value_threshold is None else float(initial_value_threshold)
+        self.history: list[dict[str, float]] = []  # per-epoch logs of every epoch of the run
+        self.epochs_done = 0
+        self.stopped_early = False
+        self.last_checkpoint: CheckpointInfo | None = None
+        self.strategy: Any = None
+        self.callbacks: list[keras.callbacks.Callback] | None = None  # the fit's callbacks, set by Run.fit
+        self._restored: CheckpointInfo | None = None
+        self._damaged: set[str] = set()  # newer checkpoints resume() found corrupt and skipped
+        self._pending_restore: dict[str, Any] | None = None
+        self._pending_arrays: dict[str, Any] = {}
+        self._pending_save: dict[str, Any] | None = None  # the epoch's logs dict, shared by all callbacks
+        self._siblings: list[keras.callbacks.Callback] = []
+        self._last = True
+        self._first_epoch = True
+        self._batch_in_epoch = 0
+        self._epoch = 0
+        self._save_started = time.monotonic()
+        # Mid-epoch resume: the batch the restored checkpoint was taken at, the RNG states at the
+        # start of its epoch (they decide the epoch's data order) and its metrics' running totals.
+        self.resume_batch = 0
+        self.resume_epoch_rng: dict[str, Any] | None = None
+        self._resume_metrics: dict[str, Any] = {}
+        self._batch_offset = 0  # batches of the current epoch done before this fit (set by Run.fit)
+        self._in_epoch = False
+        self._fit_in_main_thread = False  # where the fit holding the lease began (see _after_the_cell)
+        self._cell_watched = False  # _after_the_cell is registered for the notebook cell running now
+        self._epoch_start_step = 0  # optimizer iterations when the current epoch began
+        self._epoch_rng: dict[str, Any] = {}
+        self._freq_step = 0
+        self._last_saved_step: int | None = None
+        self._last_save_time = time.monotonic()
+        self._stop_signal: int | None = None  # a SIGINT/SIGTERM asked to save and stop
+
+    def __repr__(self) -> str:
+        return (
+            f"CheckpointCallback({self.filepath!r}, monitor={self.monitor!r}, "
+            f"epochs_done={self.epochs_done})"
+        )
+
+    # ------------------------------------------------------------------ restoring (used by resume)
+
+    def restore(self, checkpoint: CheckpointInfo, state: dict[str, Any], arrays: dict[str, Any],
+                damaged: set[str] | None = None) -> None:
+        """Carry the state of a restored checkpoint: epochs done, best, history, other callbacks.
+
+        ``damaged`` names newer checkpoints that failed verification; training replaces them.
+        """
+        manifest = checkpoint.manifest
+        assert manifest is not None
+        self._restored = checkpoint
+        self._damaged = set(damaged or ())
+        self.last_checkpoint = checkpoint
+        self.epochs_done = manifest.epoch
+        best = state.get("best")
+        self.best = None if best is None else float(best)
+        self.history = [{k: float(v) for k, v in logs.items()} for logs in state.get("history", [])]
+        self.stopped_early = bool(state.get("stopped_early", False))
+        self._pending_restore = {"callbacks": state.get("callbacks", {}), "rng": state.get("rng", {})}
+        self._pending_arrays = arrays
+        self.resume_batch = int(manifest.batch or 0)
+        self.resume_epoch_rng = state.get("epoch_rng") if self.resume_batch else None
+        self._resume_metrics = {k: v for k, v in arrays.items() if k.startswith("metrics/")}
+        self._last_saved_step = manifest.step
+
+    def begin_partial_epoch(self, batch: int) -> None:
+        """The next fit runs the rest of the restored checkpoint's epoch, from ``batch`` (Run.fit)."""
+        self._batch_offset = batch
+
+    def replay_epoch(self) -> None:
+        """The restored mid-epoch checkpoint's epoch restarts from its first batch."""
+        self.resume_batch = 0
+        self.resume_epoch_rng = None
+        self._resume_metrics = {}
+
+    def carry_over(self) -> None:
+        """Hand the other callbacks' state to the next fit of this session (Keras resets it)."""
+        states, arrays = keras_io.callback_states(self._siblings)
+        self._pending_restore = {"callbacks": states, "rng": {}}
+        self._pending_arrays = arrays
+        self._first_epoch = True
+
+    def request_stop(self, signum: int) -> None:
+        """Stop at the next batch end (Run.fit's signal handlers); Run.fit then saves."""
+        self._stop_signal = signum
+
+    def take_stop_request(self) -> int | None:
+        """The signal that asked to stop and was not acted on yet; clears it."""
+        signum, self._stop_signal = self._stop_signal, None
+        return signum
+
+    def restore_nothing(self, damaged: set[str]) -> None:
+        """A new run in a folder whose only checkpoints are damaged: training replaces them."""
+        self._damaged = set(damaged)
+
+    # ------------------------------------------------------------------ Keras hooks
+
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        self._siblings = list(self.callbacks) if self.callbacks is not None else _fit_callbacks(self)
+        self._last = _runs_last(self, self._siblings)
+        self._first_epoch = True
+        self._pending_save = None
+        self._in_epoch = False
+        self._last_save_time = time.monotonic()  # timed saves count training time only
+        if self._chief():
+            self._take_lease()
+            try:
+                self._check_run_folder()
+            except BaseException:
+                self.release_lease()
+                raise
+            self._fit_in_main_thread = threading.current_thread() is threading.main_thread()
+            if not self._cell_watched:
+                self._cell_watched = notebook.after_this_cell(self._after_the_cell)
+
+    @_gives_lease_back_on_error
+    def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        self._save_pending()
+        self._stop_if_asked()
+        if self._first_epoch:
+            self._first_epoch = False
+            self._start(epoch)
+        offset = self._batch_offset
+        self._epoch = epoch
+        self._batch_in_epoch = offset
+        self._epoch_start_step = keras_io.iterations(self.model) - offset
+        self._freq_step = self._epoch_start_step + offset
+        if offset:
+            # The rest of a restored epoch: its data order came from the RNG states at its start.
+            self._epoch_rng = self.resume_epoch_rng or {}
+        else:
+            self._epoch_rng = keras_io.rng_state()
+            self._resume_metrics = {}
+        self._in_epoch = True
+
+    @_gives_lease_back_on_error
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        self._batch_in_epoch = self._batch_offset + batch + 1
+        self._add_resumed_metrics()
+        self._stop_if_asked()
+        self.lease.check()  # taken over by another process (found by a renewal): stop training
+        steps = (self.params or {}).get("steps")
+        if steps is not None and batch + 1 >= steps:
+            return  # the epoch-end save follows
+        step = self._epoch_start_step + self._batch_in_epoch
+        due = False
+        if self.save_freq != "epoch":
+            every = int(self.save_freq)
+            due = step // every > self._freq_step // every  # a multiple of N passed (steps_per_execution)
+        self._freq_step = step
+        if self.save_interval is not None and time.monotonic() - self._last_save_time >= self.save_interval:
+            due = True
+        if due:
+            self._save(self.epochs_done, self._batch_in_epoch, keras_io.logs_to_floats(logs))
+
+    @_gives_lease_back_on_error
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        floats = keras_io.logs_to_floats(logs)
+        del self.history[epoch:]  # an epoch re-run after a mid-epoch restore replaces its entry
+        self.history.append(floats)
+        self.epochs_done = epoch + 1
+        self._in_epoch = False
+        self._batch_offset = 0
+        self.resume_batch = 0
+        if self._last:  # every other callback has run its on_epoch_end: the state is this epoch's
+            self.stopped_early = bool(self.model.stop_training)
+            self._save(self.epochs_done, 0, floats)
+        else:
+            # Saved at the next on_epoch_begin (or on_train_end), once the callbacks after this
+            # one have updated their counters, the learning rate and the logs (ReduceLROnPlateau
+            # adds `learning_rate` to them).
+            self._pending_save = logs if logs is not None else {}
+        self._stop_if_asked()
+
+    def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
+        if self._pending_save is not None and self.model.stop_training:
+            self.stopped_early = True
+        self._save_pending()
+        self._in_epoch = False
+        try:
+            self.wait_for_uploads()
+        finally:
+            self.release_lease()
+
+    def warn_if_leased(self) -> None:
+        """Warn at once when another live process writes the run folder (`resume`: fit would stop)."""
+        if self.takeover:
+            return
+        try:
+            holder = read_lease(self.storage)
+        except ResumableError:
+            return  # reading the checkpoints will say what is wrong with the folder
+        if holder is not None and holder.blocks():
+            warnings.warn(
+                f"resumable: {self.filepath} is being written by another process ({holder.describe()}); "
+                "run.fit will stop with LeaseHeldError unless that process stops or you pass takeover=True",
+                stacklevel=3,
+            )
+
+    def release_lease(self) -> None:
+        """Give the run folder's writer lease back (at train end; `Run.fit` after an exception)."""
+        self.lease.release()
+
+    def _end_after_error(self) -> None:
+        try:
+            self.uploader.wait(message=False)
+        except Exception as e:  # noqa: BLE001 - the error that ends the fit matters more
+            logger.warning("resumable: %s", e)
+        except KeyboardInterrupt:
+            # Stopped while waiting: an upload may still be committing, so the lease stays held
+            # (and renewed) until the next fit or the process' exit, rather than let a second
+            # writer in under that commit.
+            logger.warning("resumable: stopped waiting for the uploads; the writer lease of %s stays held",
+                           self.storage.url)
+            raise
+        self.release_lease()
+
+    def _after_the_cell(self) -> None:
+        """The notebook cell that ran this fit has ended: if an exception ended the fit (Keras
+        then calls no on_train_end), land the uploads and give the lease back, as run.fit does."""
+        self._cell_watched = False
+        if not (self.lease.held and self._fit_in_main_thread):
+            return  # on_train_end or run.fit gave it back; or a fit in another thread still runs
+        pending = self.uploader.pending
+        if pending:
+            print(f"resumable: model.fit was interrupted; finishing the upload of {', '.join(pending)} to "
+                  f"{self.storage.url} ...", file=sys.stderr, flush=True)
+        self._end_after_error()
+
+    def _finish_uploads_at_exit(self) -> None:
+        pending = self.uploader.pending
+        if pending:
+            print(f"resumable: finishing the upload of {', '.join(pending)} to {self.storage.url} before "
+                  "exiting ...", file=sys.stderr, flush=True)
+            self.uploader.wait(message=False)
+
+    def wait_for_uploads(self, timeout: float | None = None) -> bool:
+        """Block until the checkpoints saved so far are committed (or ``timeout`` seconds pass).
+
+        Prints what it waits for when ``verbose``. Raises the upload's error when the newest
+        checkpoint could not be committed; its local copy is kept and the next save retries.
+        Returns False on timeout.
+        """
+        return self.uploader.wait(timeout)
+
+    def save_interrupted(self) -> str | None:
+        """Save where an interrupted fit stands: a mid-epoch checkpoint at the batch reached.
+
+        Called by `Run.fit` when a KeyboardInterrupt or SIGTERM leaves ``model.fit``. The batch
+        comes from the optimizer's iterations, so an interrupt raised by a callback that runs
+        before this one is placed right. Nothing is saved when that step is already saved.
+        Returns why nothing was saved, or None.
+        """
+        if self._pending_save is not None:
+            self._save_pending()
+            return None
+        model = self.model  # on JAX, reading it syncs the training state into the variables
+        if not self._in_epoch or model is None:
+            return None
+        step = keras_io.iterations(model)
+        batch = step - self._epoch_start_step
+        if batch <= 0 or step == self._last_saved_step:
+            return None
+        steps = (self.params or {}).get("steps")
+        if steps is not None and batch >= steps + self._batch_offset:
+            return (f"interrupted after the last batch of epoch {self.epochs_done + 1}, before its end "
+                    "(validation, callbacks): not saved")
+        if self.save_best_only:
+            return "save_best_only=True saves only improvements at epoch ends: not saved"
+        self._save(self.epochs_done, batch, keras_io.logs_to_floats(_metrics_result(model)))
+        return None
+
+    def _add_resumed_metrics(self) -> None:
+        """Once the first batch of a resumed epoch has built the metrics, add the saved totals."""
+        if self._resume_metrics:
+            saved, self._resume_metrics = self._resume_metrics, {}
+            try:
+                added = keras_io.add_metrics(self.model, saved)
+            except Exception as e:  # noqa: BLE001 - metrics are reporting; training goes on
+                logger.warning("resumable: could not restore the epoch's metric totals: %s", e)
+                added = True
+            if not added:
+                logger.warning("resumable: this epoch's metrics count from the resumed batch only "
+                               "(the saved metric states do not fit)")
+
+    def _stop_if_asked(self) -> None:
+        signum = self.take_stop_request()
+        if signum is None:
+            return
+        if signum == signal.SIGTERM:
+            raise SystemExit(128 + signal.SIGTERM)
+        raise KeyboardInterrupt
+
+    # ------------------------------------------------------------------ saving
+
+    def _start(self, epoch: int) -> None:
+        if epoch != self.epochs_done:
+            raise ResumableError(
+                f"model.fit started at epoch {epoch} but {self.filepath} has {self.epochs_done} epochs done; "
+                f"pass initial_epoch={self.epochs_done} to fit, or use run.fit() from resumable.resume()"
+            )
+        if self.resume_batch and not self._batch_offset:
+            warnings.warn(
+                f"resumable: {self._restored.url if self._restored else self.filepath} was saved "
+                f"{self.resume_batch} batches into epoch {epoch + 1}; model.fit cannot start there, so "
+                "that epoch restarts from its first batch (run.fit continues at the saved batch)",
+                stacklevel=2,
+            )
+            self.replay_epoch()
+        if self._pending_restore is not None:
+            restored = keras_io.restore_callback_states(
+                self._siblings, self._pending_restore["callbacks"], self._pending_arrays
+            )
+            keras_io.set_rng_state(self._pending_restore["rng"])
+            if restored:
+                logger.info("resumable: restored the state of %s", ", ".join(restored))
+            self._pending_restore = None
+            self._pending_arrays = {}
+
+    def _save_pending(self) -> None:
+        if self._pending_save is not None:
+            logs = keras_io.logs_to_floats(self._pending_save)
+            self._pending_save = None
+            self.history[self.epochs_done - 1] = logs
+            self._save(self.epochs_done, 0, logs)
+
+    def _save(self, epoch: int, batch: int, logs: dict[str, float]) -> None:
+        step = keras_io.iterations(self.model)
+        if batch and step == self._last_saved_step:
+            return  # never two checkpoints of the same state
+        # A mid-epoch value is a running average of part of an epoch: never a "best".
+        current = logs.get(self.monitor) if not batch else None
+        if current is None and not batch and self.save_best_only:
+            _check_monitor_logged(self.monitor, epoch, logs)
+        improved = current is not None and is_better(current, self.best, self.mode)
+        if self.save_best_only and not improved:
+            return
+        if improved:
+            self.best = current
+        self._last_save_time = time.monotonic()
+        if not self._chief():
+            return
+        self.lease.check()
+        started = time.monotonic()
+        name = self.storage.template.format(epoch, step, logs, mid_epoch=batch > 0)
+        logger.info("resumable: saving %s", name)
+        staging = self.staging_dir / "staging" / name
+        if self.uploader.in_progress(name):
+            self.uploader.wait()  # the same name again (a re-run epoch): never rewrite files in flight
+        shutil.rmtree(staging, ignore_errors=True)
+        callback_states, arrays = keras_io.callback_states(self._siblings)
+        state = self._state(callback_states, step, batch)
+        if batch:
+            self._add_resumed_metrics()
+            state["epoch_rng"] = self._epoch_rng
+            arrays.update(keras_io.metric_arrays(self.model))
+        self.uploader.drop_cached()  # the local copy of the last checkpoint: this save replaces it
+        try:
+            with self.uploader.paused():  # the upload in flight waits: it would slow this save down
+                keras_io.save(self.model, staging, weights_only=self.save_weights_only, state=state,
+                              arrays=arrays)
+        except OSError as e:
+            if e.errno not in NO_SPACE_ERRNOS:
+                raise
+            shutil.rmtree(staging, ignore_errors=True)  # half a checkpoint would only hold the space
+            self._last_save_time = time.monotonic()
+            warnings.warn(f"resumable: {_no_staging_space(self.staging_dir, name, self.last_checkpoint)}",
+                          stacklevel=2)
+            return
+        self._last_saved_step = step
+        processes, devices = keras_io.topology(self.model, self.strategy)
+        manifest = Manifest(
+            epoch=epoch, step=step, batch=batch, metrics=logs, versions=keras_io.versions(),
+            state=self._summary(callback_states), processes=processes, devices=devices,
+        )
+        self._save_started = started
+        if self.async_upload:
+            self.uploader.submit(staging, name, manifest)
+            logger.info("resumable: staged %s in %.2f s; uploading in the background", name,
+                        time.monotonic() - started)
+        else:
+            self.uploader.commit_now(staging, name, manifest)
+        self._last_save_time = time.monotonic()  # the interval counts training, not saving
+
+    def _committed(self, info: CheckpointInfo) -> None:
+        """After each commit, in the uploader's thread when uploading in the background."""
+        self.last_checkpoint = info
+        logger.info("resumable: saved %s", info.url)
+        self._apply_retention()
+        if self.verbose:
+            size = info.manifest.total_size if info.manifest else 0
+            print(f"\nEpoch {info.epoch}: saved {info.url} ({human_size(size)}, "
+                  f"{time.monotonic() - self._save_started:.1f} s)")
+
+    def _commit(self, staging: Path, name: str, manifest: Manifest) -> CheckpointInfo:
+        if self.lease.held or self.lease.lost:
+            try:
+                self.lease.renew()  # a fresh check that the run is still ours, just before writing
+            except LeaseLostError:
+                raise
+            except ResumableError as e:  # the storage failed: the commit will say how, if it fails too
+                logger.warning("resumable: could not renew the writer lease before committing %s: %s",
+                               name, e)
+        try:
+            return self._commit_files(staging, name, manifest)
+        except CheckpointExistsError:
+            # Only a checkpoint resume() found damaged may be replaced, and only if it still is.
+            if name not in self._damaged or not self.storage.verify(name):
+                raise
+        logger.warning("resumable: replacing damaged checkpoint %s", name)
+        self.storage.delete(name)
+        self._damaged.discard(name)
+        return self._commit_files(staging, name, manifest)
+
+    def _commit_files(self, staging: Path, name: str, manifest: Manifest) -> CheckpointInfo:
+        return self.storage.commit(staging, name, manifest, progress=bool(self.verbose),
+                                   between_chunks=self.uploader.between_chunks)
+
+    def _state(self, callback_states: dict[str, Any], step: int, batch: int) -> dict[str, Any]:
+        return {
+            "epoch": self.epochs_done,
+            "step": step,
+            "batch": batch,
+            "monitor": self.monitor,
+            "mode": self.mode,
+            "best": self.best,
+            "stopped_early": self.stopped_early,
+            "epochs_planned": (self.params or {}).get("epochs"),
+            "history": self.history[: self.epochs_done],
+            "callbacks": callback_states,
+            "optimizer": keras_io.optimizer_summary(self.model),
+            "rng": keras_io.rng_state(),
+        }
+
+    def _summary(self, callback_states: dict[str, Any]) -> dict[str, Any]:
+        """What `resumable inspect` shows: small, JSON only."""
+        return keras_io.jsonable({
+            "monitor": self.monitor,
+            "mode": self.mode,
+            "best": self.best,
+            "stopped_early": self.stopped_early,
+            "epochs_planned": (self.params or {}).get("epochs"),
+            "format": "weights" if self.save_weights_only else "keras",
+            "backend": keras.backend.backend(),
+            "optimizer": keras_io.optimizer_summary(self.model),
+            "callbacks": callback_states,
+        })
+
+    def _apply_retention(self) -> None:
+        """Delete what retention drops; a failed delete only costs space, so it does not stop training."""
+        if self.lease.lost:
+            return  # the run is another process's now: never delete its checkpoints
+        try:
+            decisions = plan(self.storage.list(), self.retention)
+        except ResumableError as e:
+            logger.warning("resumable: retention skipped: %s", e)
+            return
+        for decision in decisions:
+            if decision.keep or (self.last_checkpoint and decision.name == self.last_checkpoint.name):
+                continue
+            try:
+                self.storage.delete(decision.name)
+            except ResumableError as e:
+                logger.warning("resumable: could not delete %s: %s", decision.name, e)
+
+    # ------------------------------------------------------------------ checks
+
+    def _chief(self) -> bool:
+        return keras_io.is_chief(self.model, self.strategy)
+
+    def _take_lease(self) -> None:
+        """Become the run folder's only writer (LeaseHeldError naming the holder), renewed until train end."""
+        self.lease.acquire(takeover=self.takeover)
+        self.lease.start_renewing()
+
+    def _check_run_folder(self) -> None:
+        """Refuse to mix a new training run into a folder that already holds one."""
+        latest = next((c for c in self.storage.newest_first() if c.name not in self._damaged), None)
+        if latest is None:
+            return
+        if self._restored is not None and latest.name == self._restored.name:
+            return
+        if self.last_checkpoint is not None and latest.name == self.last_checkpoint.name:
+            return  # a second fit in the same session
+        if self._restored is None and latest.step == keras_io.iterations(self.model) and latest.step:
+            # the user restored this model themselves; continue from that checkpoint
+            self.epochs_done = latest.epoch or 0
+            return
+        if self._restored is not None:
+            raise CheckpointExistsError(
+                f"{latest.url} is newer than the checkpoint this run resumed from ({self._restored.name}): "
+                "another process is training into this folder; stop it, then call resumable.resume() again"
+            )
+        raise CheckpointExistsError(
+            f"{self.filepath} already holds a run (latest {latest.name}, {latest.epoch} epochs); "
+            "continue it with `run = resumable.resume(filepath, build_model=...)` and `run.fit(...)`, "
+            "or write to a new folder"
+        )
+
+
+def default_staging_dir(url: str) -> Path:
+    """``<tempdir>/resumable-cache/<hash of the run URL>``: one local folder per run folder.
+
+    Process N > 0 of a multi-process JAX program gets ``<hash>-pN``: processes on one machine
+    must not share their download cache.
+    """
+    digest = hashlib.sha256(url.encode()).hexdigest()[:12]
+    index = keras_io.process_index()
+    return Path(tempfile.gettempdir()) / "resumable-cache" / (f"{digest}-p{index}" if index else digest)
+
+
+def _fit_callbacks(callback: keras.callbacks.Callback) -> list[keras.callbacks.Callback]:
+    """The other callbacks of the running fit, found on the caller's stack.
+
+    Keras does not tell a callback about its siblings; model.fit keeps them in a local
+    CallbackList. Run.fit passes them explicitly; this covers a plain model.fit.
+    """
+    frame = inspect.currentframe()
+    try:
+        while frame is not None:
+            for value in frame.f_locals.values():
+                if isinstance(value, keras.callbacks.CallbackList) and callback in value.callbacks:
+                    return list(value.callbacks)
+            frame = frame.f_back
+    finally:
+        del frame
+    return [callback]
+
+
+def _runs_last(callback: keras.callbacks.Callback, callbacks: list[keras.callbacks.Callback]) -> bool:
+    """True when no callback that keeps state runs after this one (Keras' History and progress bar don't)."""
+    after = callbacks[callbacks.index(callback) + 1:] if callback in callbacks else []
+    passive = (keras.callbacks.History, keras.callbacks.ProgbarLogger)
+    return all(isinstance(c, passive) for c in after)
+
+
+def _check_filepath(filepath: Any) -> None:
+    text = str(filepath) if isinstance(filepath, (str, Path)) else ""
+    if not text or text.endswith(_MODEL_FILE_SUFFIXES) or "{" in text:
+        raise ValueError(
+            f"Invalid value for argument `filepath`. Received: filepath={filepath!r}. "
+            "Expected a run folder such as '/content/drive/MyDrive/runs/exp1' or 'gs://bucket/runs/exp1'; "
+            "checkpoint names come from `filename`."
+        )
+
+
+def _check_save_interval(save_interval: Any) -> float | None:
+    if save_interval is None:
+        return None
+    seconds = save_interval
+    if isinstance(save_interval, datetime.timedelta):
+        seconds = save_interval.total_seconds()
+    number = isinstance(seconds, (int, float)) and not isinstance(seconds, bool)
+    if number and math.isfinite(seconds) and seconds > 0:
+        return float(seconds)
+    raise ValueError(
+        f"Invalid value for argument `save_interval`. Received: save_interval={save_interval!r}. "
+        "Expected a positive number of seconds or a datetime.timedelta, e.g. 600 for every 10 minutes."
+    )
+
+
+def _metrics_result(model: keras.Model) -> dict[str, Any]:
+    """The model's metrics so far in the epoch; empty when Keras cannot say (no metric built yet)."""
+    try:
+        result: dict[str, Any] = model.get_metrics_result()
+    except Exception:  # noqa: BLE001 - only feeds the manifest's metrics
+        return {}
+    return result
+
+
+def _no_staging_space(staging_dir: Path, name: str, last: CheckpointInfo | None) -> str:
+    """Why a checkpoint could not be staged: the folder, the space needed (as last time) and free."""
+    needed = f"the last checkpoint took {human_size(last.size)}" if last and last.size else "size unknown"
+    return (f"no space left in the staging folder {staging_dir} to save {name} ({needed}"
+            f"{free_space(str(staging_dir))}); training goes on and the next save tries again: free space "
+            "there, or pass staging_dir= on a bigger disk")
+
+
+def _check_monitor_logged(monitor: str, epoch: int, logs: dict[str, float]) -> None:
+    """With save_best_only, a monitor that fit does not log means no checkpoint, ever: say so at once.
+
+    A ``val_`` metric in an epoch without validation (no validation_data, or validation_freq)
+    is a warning; a name that is not among the metrics logged is an error, at the first epoch.
+    """
+    logged = ", ".join(sorted(logs)) or "nothing"
+    if monitor.startswith("val_") and not any(key.startswith("val_") for key in logs):
+        warnings.warn(
+            f"resumable: monitor={monitor!r} is not logged without validation and save_best_only=True "
+            f"saves no checkpoint until it is; pass validation_data to fit (logged: {logged})",
+            stacklevel=3,
+        )
+        return
+    raise ValueError(
+        f"Invalid value for argument `monitor`. Received: monitor={monitor!r}, which fit did not log at "
+        f"the end of epoch {epoch}: with save_best_only=True no checkpoint would ever be saved. "
+        f"Expected one of: {logged}."
+    )
+
+
+def _check_save_freq(save_freq: Any) -> None:
+    if save_freq == "epoch":
+        return
+    if isinstance(save_freq, int) and not isinstance(save_freq, bool) and save_freq > 0:
+        return
+    raise ValueError(
+        f"Invalid value for argument `save_freq`. Received: save_freq={save_freq!r}. "
+        "Expected 'epoch' or a positive int."
+    )
+
+
+__all__ = ["CheckpointCallback", "default_staging_dir"]

@@ -1,0 +1,72 @@
+"""Ctrl-C and SIGTERM during `Run.fit`: save a checkpoint at the next batch end, then stop.
+
+Colab's "stop cell" is a SIGINT; a VM being recycled may send SIGTERM first. Either way the
+work since the last checkpoint is saved before training stops.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from types import FrameType, TracebackType
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from resumable.keras.callback import CheckpointCallback
+
+
+class StopSignals:
+    """During Run.fit: SIGTERM and SIGINT ask the callback to save and stop at the next batch end.
+
+    A second signal gets the previous behaviour at once (KeyboardInterrupt, or death by SIGTERM).
+    Only the main thread can install handlers; elsewhere nothing changes.
+    """
+
+    def __init__(self, callback: CheckpointCallback) -> None:
+        self.callback = callback
+        self.received: int | None = None  # asked, not yet acted on by the callback
+        self.handled: int | None = None  # the first signal
+        self.abandoned = False  # a second signal: stop without saving
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                current = signal.getsignal(signum)
+                if current is None or current == signal.SIG_IGN:
+                    continue  # ignored on purpose, or a handler Python could not put back
+                try:
+                    self._previous[signum] = signal.signal(signum, self._handle)
+                except (ValueError, OSError):  # not settable here (embedded interpreters)
+                    continue
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        if self.callback.take_stop_request() is None:
+            self.received = None  # the callback acted on it
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.handled is not None:
+            self.abandoned = True
+            previous = self._previous.get(signum, signal.SIG_DFL)
+            signal.signal(signum, previous)
+            if callable(previous):
+                previous(signum, frame)  # Python's default SIGINT handler raises KeyboardInterrupt
+            elif signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            else:
+                os.kill(os.getpid(), signum)  # SIG_DFL: die by the signal, as without us
+            return
+        self.handled = self.received = signum
+        name = "SIGTERM" if signum == signal.SIGTERM else "Ctrl-C"
+        print(f"\nresumable: {name}: saving a checkpoint at the end of this batch, then stopping "
+              f"(send it again to stop at once)", file=sys.stderr, flush=True)
+        self.callback.request_stop(signum)
+
+
+__all__ = ["StopSignals"]

@@ -1,0 +1,597 @@
+"""A model and its training state to files in a local folder, and back.
+
+The only module that saves or loads Keras models. Keras and h5py only ever see local paths:
+the storage layer copies the folder to Drive or ``gs://`` afterwards. That keeps h5py's
+"Unable to create file" on gs:// paths, TensorFlow's gfile (which ignores emulators and does not
+exist on JAX runtimes) and TPU file-system errors out of reach. No SavedModel and no
+``tf.train.Checkpoint`` is written: Keras 3 reads variable values through the host, so saving
+under a TPU strategy needs no ``experimental_io_device``.
+
+Files of a checkpoint folder:
+
+- ``model.keras`` (or ``model.weights.h5`` with ``save_weights_only``): weights and optimizer state.
+- ``state.json``: history, callback states, RNG states, the weight layout (to name mismatches);
+  mid-epoch, also the RNG states at the epoch's start (``epoch_rng``: they decide its data order).
+- ``arrays.npz``: states of the model's seed generators (Dropout's masks continue, Keras does not
+  save them), arrays held by callbacks (EarlyStopping's best weights) and, mid-epoch, the
+  metrics' running totals (``metrics/<i>``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import random
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import keras
+import numpy as np
+
+from resumable.core.errors import CheckpointMismatchError, CheckpointNotFoundError, ResumableError
+
+logger = logging.getLogger("resumable")
+
+MODEL_FILE = "model.keras"
+WEIGHTS_FILE = "model.weights.h5"
+STATE_FILE = "state.json"
+ARRAYS_FILE = "arrays.npz"
+STATE_VERSION = 1
+
+# Attributes of Keras callbacks that change during fit and are reset by their on_train_begin.
+CALLBACK_FIELDS: dict[str, tuple[str, ...]] = {
+    "EarlyStopping": ("wait", "stopped_epoch", "best", "best_epoch"),
+    "ReduceLROnPlateau": ("wait", "cooldown_counter", "best"),
+}
+
+
+# ----------------------------------------------------------------------------- saving
+
+
+def save(model: keras.Model, folder: Path, *, weights_only: bool, state: dict[str, Any],
+         arrays: dict[str, np.ndarray] | None = None) -> None:
+    """Write the model (with its optimizer state), ``state.json`` and callback arrays to ``folder``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    arrays = {**(arrays or {}), **_seed_generator_arrays(model)}
+    _check_whole_arrays(model)
+    with _no_tensorflow_import(), _no_distribution():
+        if weights_only:
+            model.save_weights(str(folder / WEIGHTS_FILE))
+        else:
+            model.save(str(folder / MODEL_FILE))
+    state = {**state, "version": STATE_VERSION, "model": model_summary(model)}
+    (folder / STATE_FILE).write_text(json.dumps(_jsonable(state), indent=1))
+    if arrays:
+        np.savez(folder / ARRAYS_FILE, **arrays)  # type: ignore[arg-type]
+
+
+def _seed_generator_states(model: keras.Model) -> list[Any]:
+    """Variables of the model that are not weights: the states of its layers' SeedGenerators."""
+    weights = {id(w) for w in model.weights}
+    return [v for v in model.variables if id(v) not in weights]
+
+
+def _seed_generator_arrays(model: keras.Model) -> dict[str, np.ndarray]:
+    states = _seed_generator_states(model)
+    return {f"seed_generators/{i}": keras.ops.convert_to_numpy(v) for i, v in enumerate(states)}
+
+
+def restore_seed_generators(model: keras.Model, arrays: dict[str, np.ndarray], where: str) -> None:
+    states = _seed_generator_states(model)
+    saved = [arrays[key] for i in range(len(states)) if (key := f"seed_generators/{i}") in arrays]
+    if len(saved) != len(states) or any(
+        tuple(s.shape) != tuple(v.shape) for s, v in zip(saved, states, strict=True)
+    ):
+        logger.warning("resumable: %s: layers' random-number states not restored (layout differs)", where)
+        return
+    for variable, value in zip(states, saved, strict=True):
+        variable.assign(value)
+
+
+def model_summary(model: keras.Model) -> dict[str, Any]:
+    """The weight layout and build config, so a later load can name a mismatch or build the model."""
+    summary: dict[str, Any] = {
+        "class": type(model).__name__,
+        "weights": [[w.path, list(w.shape)] for w in model.weights],
+    }
+    with contextlib.suppress(Exception):  # not every model can describe how it was built
+        summary["build_config"] = model.get_build_config()
+    return summary
+
+
+def optimizer_summary(model: keras.Model) -> dict[str, Any] | None:
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is None:
+        return None
+    summary: dict[str, Any] = {"class": type(optimizer).__name__, "iterations": iterations(model)}
+    with contextlib.suppress(Exception):  # a schedule has no single value
+        summary["learning_rate"] = float(keras.ops.convert_to_numpy(optimizer.learning_rate))
+    return summary
+
+
+def iterations(model: keras.Model) -> int:
+    """Optimizer steps done over the whole run (0 without an optimizer)."""
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is None:
+        return 0
+    return int(keras.ops.convert_to_numpy(optimizer.iterations))
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def read_state(folder: Path) -> dict[str, Any]:
+    path = folder / STATE_FILE
+    if not path.is_file():
+        return {}
+    state: dict[str, Any] = json.loads(path.read_text())
+    return state
+
+
+def read_arrays(folder: Path) -> dict[str, np.ndarray]:
+    path = folder / ARRAYS_FILE
+    if not path.is_file():
+        return {}
+    with np.load(path) as data:
+        return {key: data[key] for key in data.files}
+
+
+def load_model(folder: Path, build_model: Callable[[], keras.Model] | None, *, strategy: Any = None,
+               distribution: Any = None, where: str) -> keras.Model:
+    """Rebuild the model of a fetched checkpoint folder, optimizer state included.
+
+    With ``build_model``, its model receives the checkpoint's weights (the user's code keeps
+    defining the architecture, custom objects and compile arguments); without it, the
+    ``.keras`` file is loaded as saved. Under ``strategy`` or ``distribution`` the variables
+    are created with its layout and receive the saved whole arrays, so a checkpoint restores
+    on any number of devices. ``where`` names the checkpoint in errors.
+    """
+    state = read_state(folder)
+    weights_file = folder / (WEIGHTS_FILE if (folder / WEIGHTS_FILE).is_file() else MODEL_FILE)
+    if not weights_file.is_file():
+        raise CheckpointMismatchError(f"{where}: holds neither {MODEL_FILE} nor {WEIGHTS_FILE}")
+    with scope(strategy, distribution), _no_tensorflow_import():
+        if build_model is None:
+            if weights_file.name == WEIGHTS_FILE:
+                raise CheckpointNotFoundError(
+                    f"{where} holds weights only (save_weights_only=True); pass build_model=<a function "
+                    "returning the compiled model> to resumable.resume()"
+                )
+            model = keras.saving.load_model(str(weights_file))
+        else:
+            model = build(build_model)
+            _ensure_built(model, state.get("model", {}), where)
+            _check_layout(model, state.get("model", {}).get("weights"), where)
+            _check_optimizer_class(model, state.get("optimizer"), where)
+            optimizer = getattr(model, "optimizer", None)
+            if optimizer is not None and not optimizer.built:
+                # Keras 3 skips optimizer variables in load_weights unless the optimizer exists.
+                optimizer.build(model.trainable_variables)
+            try:
+                model.load_weights(str(weights_file))
+            except ValueError as e:
+                raise CheckpointMismatchError(
+                    f"{where} does not fit the model from build_model(): {e}"
+                ) from e
+    _check_optimizer(model, state.get("optimizer"), where)
+    with scope(strategy, distribution):
+        restore_seed_generators(model, read_arrays(folder), where)
+    return model
+
+
+def build(build_model: Callable[[], keras.Model]) -> keras.Model:
+    model = build_model()
+    if not isinstance(model, keras.Model):
+        raise ValueError(
+            "Invalid value for argument `build_model`. Received: a function returning "
+            f"{type(model).__name__}. Expected a function that returns a compiled keras.Model."
+        )
+    return model
+
+
+@contextlib.contextmanager
+def scope(strategy: Any, distribution: Any = None) -> Iterator[None]:
+    """``strategy.scope()`` (``tf.distribute``) and ``distribution.scope()`` (``keras.distribution``).
+
+    Variables created inside get the layout of the strategy or distribution; values loaded
+    into them are whole arrays, laid out (replicated or sharded) as the variable says.
+    """
+    with contextlib.ExitStack() as stack:
+        if distribution is not None:
+            stack.enter_context(distribution.scope())
+        if strategy is not None:
+            stack.enter_context(strategy.scope())
+        yield
+
+
+@contextlib.contextmanager
+def _no_distribution() -> Iterator[None]:
+    """Save outside any ``keras.distribution``: only the chief saves, and Keras' saving creates
+    throwaway variables, which under a multi-process distribution would wait for every process."""
+    distribution = keras.distribution.distribution()
+    if distribution is None:
+        yield
+        return
+    keras.distribution.set_distribution(None)
+    try:
+        yield
+    finally:
+        keras.distribution.set_distribution(distribution)
+
+
+def _check_whole_arrays(model: keras.Model) -> None:
+    """The chief saves whole arrays; it cannot read a variable sharded over other processes' devices."""
+    if process_count() == 1:
+        return
+    for variable in model.variables:
+        value = getattr(variable, "value", None)
+        if not (getattr(value, "is_fully_addressable", True) or getattr(value, "is_fully_replicated", True)):
+            raise ResumableError(
+                f"variable {variable.path!r} is sharded over devices of several processes (ModelParallel "
+                "in a multi-process program); resumable saves whole arrays from process 0 alone and "
+                "cannot read it there. Use DataParallel (replicated variables) with several processes"
+            )
+
+
+@contextlib.contextmanager
+def _no_tensorflow_import() -> Iterator[None]:
+    """Keep Keras from importing TensorFlow while it saves or loads on another backend.
+
+    Keras' serializer asks ``tf.available``, which imports TensorFlow whenever it is installed:
+    seconds of import and, on a TPU VM, TensorFlow reaching for the TPU that JAX holds. Before
+    TensorFlow is imported nothing being saved can be a TensorFlow object, so for the save
+    Keras is told TensorFlow is unavailable; afterwards its lazy check is back as it was.
+    """
+    lazy = None
+    if keras.backend.backend() != "tensorflow" and "tensorflow" not in sys.modules:
+        with contextlib.suppress(Exception):  # private Keras API: without it, Keras imports as before
+            from keras.src.utils import module_utils
+
+            lazy = module_utils.tensorflow
+            saved = lazy._available
+            lazy._available = False
+    try:
+        yield
+    finally:
+        if lazy is not None:
+            lazy._available = saved
+
+
+def check_distribution(strategy: Any, distribution: Any) -> None:
+    """One way to distribute: a ``tf.distribute`` strategy or a ``keras.distribution``."""
+    # Duck-typed: Keras does not export its Distribution base class.
+    if distribution is not None and not (hasattr(distribution, "get_variable_layout")
+                                         and hasattr(distribution, "scope")):
+        raise ValueError(
+            f"Invalid value for argument `distribution`. Received: distribution={distribution!r}. "
+            "Expected a keras.distribution.Distribution (DataParallel, ModelParallel) or None; "
+            "a tf.distribute strategy goes to `strategy`."
+        )
+    if strategy is not None and distribution is not None:
+        raise ValueError(
+            f"Invalid value for argument `strategy`. Received: strategy={strategy!r} together with "
+            f"distribution={distribution!r}. Expected one of them: `strategy` for tf.distribute on "
+            "TensorFlow, `distribution` for keras.distribution on JAX."
+        )
+    if strategy is not None and keras.backend.backend() != "tensorflow":
+        raise ValueError(
+            f"Invalid value for argument `strategy`. Received: strategy={strategy!r} on the "
+            f"{keras.backend.backend()} backend. Expected None: tf.distribute strategies need "
+            "KERAS_BACKEND=tensorflow; on JAX pass distribution=keras.distribution.DataParallel(...)."
+        )
+
+
+def _ensure_built(model: keras.Model, saved: dict[str, Any], where: str) -> None:
+    if model.built and model.weights:
+        return
+    config = saved.get("build_config")
+    if config:
+        with contextlib.suppress(Exception):
+            model.build_from_config(config)
+    if not (model.built and model.weights):
+        raise CheckpointMismatchError(
+            f"{where}: the model from build_model() has no weights yet; start it with keras.Input(shape=...) "
+            "or call model.build(input_shape) inside build_model"
+        )
+
+
+def _check_layout(model: keras.Model, saved: Sequence[Sequence[Any]] | None, where: str) -> None:
+    """Name the first weight whose shape differs, before Keras says something vaguer."""
+    if saved is None:
+        return
+    ours = [(w.path, [int(d) for d in w.shape]) for w in model.weights]
+    prefix = f"{where} does not fit the model from build_model()"
+    for i, ((path, shape), (saved_path, saved_shape)) in enumerate(zip(ours, saved, strict=False)):
+        if list(shape) != [int(d) for d in saved_shape]:
+            raise CheckpointMismatchError(
+                f"{prefix}: weight {i} {path!r} has shape {tuple(shape)} in the model but "
+                f"{tuple(saved_shape)} in the checkpoint (saved as {saved_path!r})"
+            )
+    if len(ours) != len(saved):
+        more, fewer = ("model", "checkpoint") if len(ours) > len(saved) else ("checkpoint", "model")
+        extra = (ours if len(ours) > len(saved) else saved)[min(len(ours), len(saved))][0]
+        raise CheckpointMismatchError(
+            f"{prefix}: the model has {len(ours)} weights and the checkpoint {len(saved)}; "
+            f"the {more} has more, starting with {extra!r} which the {fewer} lacks"
+        )
+
+
+def _check_optimizer(model: keras.Model, saved: dict[str, Any] | None, where: str) -> None:
+    """Fail where Keras would silently continue with a fresh optimizer."""
+    if not saved:
+        return
+    _check_optimizer_class(model, saved, where)
+    restored = iterations(model)
+    if restored != int(saved["iterations"]):
+        raise CheckpointMismatchError(
+            f"{where}: the optimizer state was not restored (iterations {restored}, checkpoint "
+            f"{saved['iterations']}); does build_model() compile with the same optimizer settings?"
+        )
+
+
+def _check_optimizer_class(model: keras.Model, saved: dict[str, Any] | None, where: str) -> None:
+    if not saved:
+        return
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is None:
+        raise CheckpointMismatchError(
+            f"{where} holds {saved['class']} optimizer state but the model is not compiled; "
+            "compile it inside build_model (model.compile(optimizer=...))"
+        )
+    if type(optimizer).__name__ != saved["class"]:
+        raise CheckpointMismatchError(
+            f"{where} holds {saved['class']} optimizer state but the model's optimizer is "
+            f"{type(optimizer).__name__}; compile with the optimizer the run was started with"
+        )
+
+
+# ----------------------------------------------------------------------------- callback states
+
+
+def callback_key(callbacks: Sequence[keras.callbacks.Callback], callback: keras.callbacks.Callback) -> str:
+    """``"EarlyStopping#0"``: class name and position among callbacks of the same class."""
+    same = [c for c in callbacks if type(c) is type(callback)]
+    return f"{type(callback).__name__}#{same.index(callback)}"
+
+
+def callback_states(
+    callbacks: Sequence[keras.callbacks.Callback],
+) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """JSON state and arrays of the callbacks whose state we know how to carry over."""
+    states: dict[str, Any] = {}
+    arrays: dict[str, np.ndarray] = {}
+    for callback in callbacks:
+        fields = CALLBACK_FIELDS.get(type(callback).__name__)
+        if fields is None:
+            continue
+        key = callback_key(callbacks, callback)
+        states[key] = {name: getattr(callback, name, None) for name in fields}
+        best_weights = getattr(callback, "best_weights", None)
+        if best_weights is not None:
+            states[key]["best_weights"] = len(best_weights)
+            arrays.update({f"{key}/best_weights/{i}": np.asarray(w) for i, w in enumerate(best_weights)})
+    return states, arrays
+
+
+def restore_callback_states(callbacks: Sequence[keras.callbacks.Callback], states: dict[str, Any],
+                            arrays: dict[str, np.ndarray]) -> list[str]:
+    """Set the saved attributes back; return the keys restored."""
+    restored = []
+    for callback in callbacks:
+        key = callback_key(callbacks, callback) if type(callback).__name__ in CALLBACK_FIELDS else None
+        if key is None or key not in states:
+            continue
+        for name, value in states[key].items():
+            if name == "best_weights":
+                callback.best_weights = [arrays[f"{key}/best_weights/{i}"] for i in range(int(value))]
+            else:
+                setattr(callback, name, _from_json_number(value))
+        restored.append(key)
+    return restored
+
+
+# ----------------------------------------------------------------------------- metrics
+
+
+def metric_arrays(model: keras.Model) -> dict[str, np.ndarray]:
+    """The running totals of the model's metrics (loss included) within the current epoch.
+
+    Saved with mid-epoch checkpoints so the resumed epoch reports the same metrics as an
+    uninterrupted one: Keras resets them when an epoch begins.
+    """
+    return {f"metrics/{i}": keras.ops.convert_to_numpy(v) for i, v in enumerate(model.metrics_variables)}
+
+
+def add_metrics(model: keras.Model, arrays: dict[str, np.ndarray]) -> bool:
+    """Add saved running totals to the model's metrics; False (untouched) if they do not fit.
+
+    Called after the first batch of a resumed epoch, once Keras has built the compiled metrics:
+    their states are sums (Keras aggregates them across replicas by adding), so saved + this
+    batch's contribution is exactly what an uninterrupted epoch holds at this point.
+    """
+    variables = model.metrics_variables
+    saved = [arrays.get(f"metrics/{i}") for i in range(len(variables))]
+    if not variables or len(arrays) != len(variables) or any(
+        s is None or tuple(s.shape) != tuple(v.shape) or getattr(v, "aggregation", "sum") != "sum"
+        for s, v in zip(saved, variables, strict=True)
+    ):
+        return False
+    for variable, value in zip(variables, saved, strict=True):
+        current = keras.ops.convert_to_numpy(variable)
+        variable.assign(current + np.asarray(value, dtype=current.dtype))
+    return True
+
+
+# ----------------------------------------------------------------------------- RNG
+
+
+def rng_state() -> dict[str, Any]:
+    """Python's, NumPy's and Keras' global RNG states, as JSON-able values."""
+    version, internal, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
+    state: dict[str, Any] = {
+        "python": [version, list(internal), gauss],
+        "numpy": [kind, np.asarray(keys).tolist(), int(pos), int(has_gauss), float(cached)],
+    }
+    generator = _keras_global_seed_generator()
+    if generator is not None:
+        state["keras"] = keras.ops.convert_to_numpy(generator.state).tolist()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    if "python" in state:
+        version, internal, gauss = state["python"]
+        random.setstate((version, tuple(internal), gauss))
+    if "numpy" in state:
+        kind, keys, pos, has_gauss, cached = state["numpy"]
+        np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+    generator = _keras_global_seed_generator(create="keras" in state)
+    if "keras" in state and generator is not None:
+        generator.state.assign(np.asarray(state["keras"], dtype=generator.state.dtype))
+
+
+def python_random(state: dict[str, Any]) -> random.Random:
+    """A `random.Random` in the Python state of an `rng_state()` (the global RNG is left alone)."""
+    generator = random.Random()
+    if "python" in state:
+        version, internal, gauss = state["python"]
+        generator.setstate((version, tuple(internal), gauss))
+    return generator
+
+
+def _keras_global_seed_generator(create: bool = False) -> Any:
+    """Keras' global SeedGenerator (unseeded random ops draw from it); private API, so guarded."""
+    try:
+        from keras.src.backend.common import global_state
+
+        generator = global_state.get_global_attribute("global_seed_generator")
+        if generator is None and create:
+            from keras.src.random.seed_generator import global_seed_generator
+
+            generator = global_seed_generator()
+        return generator
+    except Exception:
+        return None
+
+
+# ----------------------------------------------------------------------------- environment
+
+
+def versions() -> dict[str, str]:
+    from resumable._version import __version__
+
+    backend = keras.backend.backend()
+    found = {"resumable": __version__, "keras": keras.__version__}
+    module = sys.modules.get(backend)
+    if module is not None:
+        found[backend] = str(getattr(module, "__version__", "?"))
+    return found
+
+
+def process_index() -> int:
+    """This process's index among the processes of a multi-process JAX program; 0 otherwise.
+
+    Never initializes JAX's backends (``jax.distributed.initialize`` must come first).
+    """
+    jax = _distributed_jax()
+    return int(jax.process_index()) if jax is not None else 0
+
+
+def process_count() -> int:
+    """Processes of the JAX program (``jax.distributed``); 1 otherwise."""
+    jax = _distributed_jax()
+    return int(jax.process_count()) if jax is not None else 1
+
+
+def _distributed_jax() -> Any:
+    if keras.backend.backend() != "jax" or "jax" not in sys.modules:
+        return None
+    jax = sys.modules["jax"]
+    try:
+        return jax if jax.distributed.is_initialized() else None
+    except AttributeError:  # a jax without is_initialized: ask the backend, which is up by now
+        return jax
+
+
+def broadcast_from_chief(values: Sequence[int]) -> list[int]:
+    """Process 0's ``values`` on every process; a collective: every process must call it."""
+    if process_count() == 1:
+        return [int(v) for v in values]
+    from jax.experimental import multihost_utils
+
+    received = multihost_utils.broadcast_one_to_all(np.asarray(values, dtype=np.int32))
+    return [int(v) for v in np.asarray(received)]
+
+
+def topology(model: keras.Model | None, strategy: Any = None) -> tuple[int, int]:
+    """``(processes, devices)`` training runs on, for the manifest.
+
+    Devices are those the variables are laid out over: the ``keras.distribution`` mesh or the
+    strategy's replicas; 1 for a model on one device.
+    """
+    if keras.backend.backend() == "jax":
+        distribution = keras.distribution.distribution()
+        mesh = getattr(distribution, "device_mesh", None)
+        devices = int(np.size(mesh.devices)) if mesh is not None else 1
+        return process_count(), devices
+    strategy = strategy or getattr(model, "distribute_strategy", None)
+    devices = int(getattr(strategy, "num_replicas_in_sync", 1) or 1)
+    processes = 1
+    with contextlib.suppress(Exception):  # only multi-worker strategies have a cluster
+        spec = strategy.cluster_resolver.cluster_spec()
+        processes = max(1, sum(spec.num_tasks(job) for job in ("chief", "worker") if job in spec.jobs))
+    return processes, devices
+
+
+def is_chief(model: keras.Model | None, strategy: Any = None) -> bool:
+    """False on the workers of a multi-worker run, which must not write to the run folder."""
+    strategy = strategy or getattr(model, "distribute_strategy", None)
+    extended = getattr(strategy, "extended", None)
+    if extended is not None and hasattr(extended, "should_checkpoint"):
+        return bool(extended.should_checkpoint)
+    return process_index() == 0
+
+
+def _jsonable(value: Any) -> Any:
+    """Plain JSON: numpy scalars to numbers, NaN and infinities to strings JSON can hold."""
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return _jsonable(value.tolist())
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)  # 'nan', 'inf', '-inf'
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    try:
+        return float(value)  # backend scalars (tf.Tensor, jax.Array)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def _from_json_number(value: Any) -> Any:
+    if value in ("nan", "inf", "-inf"):
+        return float(value)
+    return value
+
+
+def jsonable(value: Any) -> Any:
+    """Public alias of the JSON conversion used for ``state.json`` and the manifest's state."""
+    return _jsonable(value)
+
+
+def logs_to_floats(logs: dict[str, Any] | None) -> dict[str, float]:
+    """Epoch logs as plain floats (Keras may hand backend scalars)."""
+    result = {}
+    for key, value in (logs or {}).items():
+        with contextlib.suppress(TypeError, ValueError):
+            result[str(key)] = float(keras.ops.convert_to_numpy(value))
+    return result

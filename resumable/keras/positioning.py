@@ -1,0 +1,145 @@
+"""Position a `model.fit` input at a batch of its epoch, for an exact mid-epoch resume.
+
+`Run.fit` resumes a checkpoint taken k batches into an epoch by fitting the rest of that epoch
+first: the same batches, in the same order, as an uninterrupted run would have seen.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import keras
+
+from resumable.keras import keras_io
+
+
+def rest_of_epoch(model: keras.Model, args: tuple[Any, ...], kwargs: dict[str, Any], batch: int,
+                   epoch_rng: dict[str, Any]) -> dict[str, Any] | str:
+    """``model.fit`` arguments for the batches of the current epoch after ``batch``, or why not.
+
+    The data order of the epoch is Keras' own: NumPy arrays go through Keras' array adapter
+    (with TensorFlow, ``fit``'s shuffle depends on the global seed only; elsewhere on NumPy's
+    state at the epoch start, saved as ``epoch_rng``); a PyDataset shuffled by ``fit`` uses
+    Python's state at the epoch start, as Keras does.
+    """
+    try:
+        bound = inspect.signature(model.fit).bind_partial(*args, **kwargs)
+    except TypeError as e:
+        return f"its arguments could not be read ({e})"
+    fit_args = dict(bound.arguments)
+    fit_args.update(fit_args.pop("kwargs", {}))
+    x = fit_args.pop("x", None)
+    y = fit_args.pop("y", None)
+    sample_weight = fit_args.pop("sample_weight", None)
+    shuffle = fit_args.pop("shuffle", True)
+    batch_size = fit_args.pop("batch_size", None)
+    steps = fit_args.pop("steps_per_epoch", None)
+    class_weight = fit_args.pop("class_weight", None)
+    split = fit_args.pop("validation_split", 0.0)
+    rest = fit_args
+    remaining = None if steps is None else steps - batch
+    if remaining is not None and remaining <= 0:
+        return f"steps_per_epoch={steps} is not more than that"
+    try:
+        from keras.src.trainers.data_adapters import array_data_adapter, array_slicing
+    except ImportError:  # Keras moved its private adapters: replaying is the safe answer
+        return "this Keras version's data adapters are unknown to resumable"
+    backend = keras.backend.backend()
+
+    if array_data_adapter.can_convert_arrays((x, y, sample_weight)):
+        if split and rest.get("validation_data") is None:
+            # As model.fit does, before anything else: the validation split is the last part.
+            (x, y, sample_weight), rest["validation_data"] = array_slicing.train_validation_split(
+                (x, y, sample_weight), validation_split=split)
+        adapter = array_data_adapter.ArrayDataAdapter(
+            x, y, sample_weight=sample_weight, class_weight=class_weight, shuffle=shuffle,
+            batch_size=batch_size, steps=steps)
+        total = steps or adapter.num_batches
+        if total is not None and batch >= total:
+            return f"the epoch has only {total} batches"
+        if backend == "tensorflow":
+            import tensorflow as tf
+
+            if shuffle and _tf_global_seed(tf) is None:
+                return ("model.fit shuffles the arrays with an unseeded TensorFlow RNG; call "
+                        "keras.utils.set_random_seed(...) before fit for an exact resume")
+            dataset = adapter.get_tf_dataset().skip(batch)
+            return {**rest, "x": dataset, "shuffle": False, "steps_per_epoch": (total or 0) - batch}
+        if backend in ("jax", "numpy"):
+            if shuffle:
+                keras_io.set_rng_state({"numpy": epoch_rng["numpy"]} if "numpy" in epoch_rng else {})
+            batches = iter(adapter.get_numpy_iterator())
+            for _ in range(batch):  # draws the epoch's permutation, then passes the batches done
+                next(batches)
+            return {**rest, "x": batches, "shuffle": False, "steps_per_epoch": (total or 0) - batch}
+        return f"resumable cannot position arrays on the {backend} backend"
+    if split or y is not None or sample_weight is not None:
+        return "y, sample_weight and validation_split need arrays as x"  # fit says so next
+    if class_weight is not None:
+        rest["class_weight"] = class_weight
+    if isinstance(x, keras.utils.PyDataset):
+        count = x.num_batches
+        if count is not None and batch >= count:
+            return f"the PyDataset has only {count} batches"
+        order = None
+        if count is not None:
+            order = list(range(count))
+            if shuffle:
+                keras_io.python_random(epoch_rng).shuffle(order)  # as Keras' adapter, from the epoch start
+            order = order[batch:]
+        return {**rest, "x": _Skipped(x, order, batch), "shuffle": False,
+                **({"steps_per_epoch": remaining} if remaining else {})}
+    if "tensorflow" in sys.modules:
+        tf = sys.modules["tensorflow"]
+        if isinstance(x, tf.data.Dataset):
+            return {**rest, "x": x.skip(batch), "shuffle": False,
+                    **({"steps_per_epoch": remaining} if remaining else {})}
+    if isinstance(x, Iterator) and not isinstance(x, (list, tuple, dict)):
+        try:
+            for _ in range(batch):
+                next(x)
+        except StopIteration:
+            return "the generator ended before that batch"
+        return {**rest, "x": x, "shuffle": False, **({"steps_per_epoch": remaining} if remaining else {})}
+    return f"a {type(x).__name__} input cannot be positioned at a batch"
+
+
+def _tf_global_seed(tf: Any) -> int | None:
+    try:
+        seed: int | None = tf.compat.v1.random.get_seed(None)[0]
+    except RuntimeError:  # op determinism without a seed: fit's shuffle will fail the same way
+        return None
+    return seed
+
+
+class _Skipped(keras.utils.PyDataset):
+    """A PyDataset's batches from a given one on: ``order`` (finite) or an offset (infinite)."""
+
+    def __init__(self, inner: Any, order: list[int] | None, offset: int) -> None:
+        super().__init__(workers=inner.workers, use_multiprocessing=inner.use_multiprocessing,
+                         max_queue_size=inner.max_queue_size)
+        self._inner = inner
+        self._order = order
+        self._offset = offset
+
+    @property
+    def num_batches(self) -> int | None:
+        return None if self._order is None else len(self._order)
+
+    def __len__(self) -> int:
+        return len(self._order) if self._order is not None else sys.maxsize
+
+    def __getitem__(self, index: int) -> Any:
+        return self._inner[self._order[index] if self._order is not None else index + self._offset]
+
+    def on_epoch_begin(self) -> None:
+        self._inner.on_epoch_begin()
+
+    def on_epoch_end(self) -> None:
+        self._inner.on_epoch_end()
+
+
+__all__ = ["rest_of_epoch"]

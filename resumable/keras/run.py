@@ -1,0 +1,349 @@
+"""`resume()`: continue a run from its newest good checkpoint, or start it."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import signal
+import warnings
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import keras
+
+from resumable.core.errors import CheckpointNotFoundError, CorruptCheckpointError, ResumableError
+from resumable.keras import keras_io
+from resumable.keras.callback import CheckpointCallback
+from resumable.keras.interrupts import StopSignals
+from resumable.keras.positioning import rest_of_epoch
+from resumable.storage import CheckpointInfo, RunStorage
+
+logger = logging.getLogger("resumable")
+
+
+class Run:
+    """A run restored by `resume`: the model, where it stands, and a `fit` that continues it.
+
+    Attributes:
+        model: The restored model, or ``build_model()``'s for a new run.
+        callback: The `CheckpointCallback` for the run folder, carrying the restored state.
+        checkpoint: The checkpoint restored from (``.epoch``, ``.step``, ``.metrics``, ``.url``),
+            or None for a new run.
+        strategy: The ``tf.distribute`` strategy given to `resume`, or None.
+        distribution: The ``keras.distribution`` given to `resume`, or None; `fit` runs under it.
+    """
+
+    def __init__(self, model: keras.Model, callback: CheckpointCallback, checkpoint: CheckpointInfo | None,
+                 strategy: Any = None, distribution: Any = None) -> None:
+        self.model = model
+        self.callback = callback
+        self.checkpoint = checkpoint
+        self.strategy = strategy
+        self.distribution = distribution
+
+    def __repr__(self) -> str:
+        source = self.checkpoint.name if self.checkpoint else "new run"
+        return f"Run({self.callback.filepath!r}, initial_epoch={self.initial_epoch}, from={source})"
+
+    @property
+    def initial_epoch(self) -> int:
+        """Epochs done so far (0 for a new run); the next fit starts there."""
+        return self.callback.epochs_done
+
+    @property
+    def history(self) -> dict[str, list[float]]:
+        """Per-epoch logs of every epoch so far, across sessions, as in ``keras.callbacks.History``."""
+        merged: dict[str, list[float]] = {}
+        for epoch, logs in enumerate(self.callback.history):
+            for key, value in logs.items():
+                merged.setdefault(key, [float("nan")] * epoch).append(value)
+            for values in merged.values():
+                values.extend([float("nan")] * (epoch + 1 - len(values)))
+        return merged
+
+    @property
+    def complete(self) -> bool:
+        """True when EarlyStopping ended the run in an earlier session."""
+        return self.callback.stopped_early
+
+    def fit(self, *args: Any, epochs: int = 1, callbacks: Sequence[keras.callbacks.Callback] | None = None,
+            initial_epoch: int | None = None, **kwargs: Any) -> keras.callbacks.History:
+        """``model.fit`` from ``initial_epoch`` with `callback` added to ``callbacks``.
+
+        Returns at once, saying so, when the run already has ``epochs`` epochs or was stopped
+        early. Other arguments go to ``model.fit`` unchanged.
+
+        From a mid-epoch checkpoint (batch k of an epoch), the rest of that epoch runs first, on
+        its remaining batches (NumPy arrays, ``tf.data`` datasets, ``keras.utils.PyDataset``,
+        Python generators), then the next epochs: two ``model.fit`` calls whose histories are
+        merged. Inputs that cannot be positioned replay the epoch from its first batch, with a
+        warning.
+
+        Ctrl-C (SIGINT) or SIGTERM during training stops at the next batch end; a
+        KeyboardInterrupt from a callback stops at once. Either way the state reached is saved
+        as a mid-epoch checkpoint, committed, and its URL printed before the interrupt goes on
+        (SIGTERM exits with status 143). A second signal acts at once, without saving.
+
+        Args:
+            *args: Passed to ``model.fit`` (``x``, ``y``, ...).
+            epochs: Total epochs of the run, counting those already done. Defaults to 1.
+            callbacks: Your own callbacks; EarlyStopping and ReduceLROnPlateau among them get
+                their saved state back. Defaults to None.
+            initial_epoch: Must equal `initial_epoch` if given. Defaults to None.
+            **kwargs: Passed to ``model.fit``.
+        """
+        if initial_epoch is not None and initial_epoch != self.initial_epoch:
+            raise ValueError(
+                f"Invalid value for argument `initial_epoch`. Received: initial_epoch={initial_epoch}. "
+                f"Expected {self.initial_epoch} (the epochs this run has done) or None."
+            )
+        own = list(callbacks or [])
+        if self.callback.stopped_early:
+            return self._done(f"stopped early after epoch {self.initial_epoch}; nothing to do", kwargs)
+        if self.initial_epoch >= epochs:
+            return self._done(f"complete: {self.initial_epoch} of {epochs} epochs done", kwargs)
+        everything = [c for c in own if c is not self.callback] + [self.callback]
+        self.callback.callbacks = everything
+        self.callback.strategy = self.strategy
+        stops = StopSignals(self.callback)
+        try:
+            with stops, keras_io.scope(None, self.distribution):
+                try:
+                    history = self._fit(args, kwargs, epochs, everything)
+                except BaseException as e:
+                    # Interrupted (KeyboardInterrupt, SIGTERM, an error in a batch): Keras skips
+                    # on_train_end, so save an interrupt's state and land the checkpoints before
+                    # the exception goes on; never mask it.
+                    self._interrupted(e, stops)
+                    raise
+        finally:
+            self.callback.callbacks = None
+            self.callback.release_lease()  # Keras skips on_train_end when an exception leaves fit
+        self._finish_uploads(quiet=False)
+        if stops.received is not None:  # the signal came after the last batch: act on it now
+            raise SystemExit(128 + signal.SIGTERM) if stops.received == signal.SIGTERM else KeyboardInterrupt
+        return history
+
+    def _fit(self, args: tuple[Any, ...], kwargs: dict[str, Any], epochs: int,
+             callbacks: list[keras.callbacks.Callback]) -> keras.callbacks.History:
+        """The rest of a restored mid-epoch checkpoint's epoch, if any, then the next epochs."""
+        histories = []
+        batch = self.callback.resume_batch
+        if batch:
+            partial = rest_of_epoch(self.model, args, kwargs, batch, self.callback.resume_epoch_rng or {})
+            if isinstance(partial, str):
+                where = self.checkpoint.url if self.checkpoint else self.callback.filepath
+                warnings.warn(
+                    f"resumable: {where} was saved {batch} batches into epoch {self.initial_epoch + 1}, "
+                    f"but {partial}; that epoch restarts from its first batch", stacklevel=3,
+                )
+                self.callback.replay_epoch()
+            else:
+                if kwargs.get("verbose", 1):
+                    print(f"resumable: epoch {self.initial_epoch + 1} continues at batch {batch + 1}")
+                logger.info("resumable: epoch %d continues at batch %d", self.initial_epoch + 1, batch + 1)
+                self.callback.begin_partial_epoch(batch)
+                histories.append(self.model.fit(
+                    epochs=self.initial_epoch + 1, initial_epoch=self.initial_epoch, callbacks=callbacks,
+                    **partial,
+                ))
+                if self.callback.stopped_early or self.initial_epoch >= epochs:
+                    return _merge(histories, self.model)
+                self.callback.carry_over()
+        histories.append(self.model.fit(
+            *args, epochs=epochs, initial_epoch=self.initial_epoch, callbacks=callbacks, **kwargs
+        ))
+        return _merge(histories, self.model)
+
+    def _interrupted(self, error: BaseException, stops: StopSignals) -> None:
+        """After an exception left model.fit: save an interrupt's state, wait for uploads, say where."""
+        interrupt = isinstance(error, KeyboardInterrupt) or (
+            isinstance(error, SystemExit) and stops.handled == signal.SIGTERM
+        )
+        if not interrupt or stops.abandoned:
+            self._finish_uploads(quiet=True)
+            return
+        note = None
+        try:
+            note = self.callback.save_interrupted()
+        except Exception as e:  # noqa: BLE001 - never mask the interrupt
+            note = f"could not save the interrupted state: {e}"
+        self._finish_uploads(quiet=True)
+        latest = self.callback.last_checkpoint
+        where = f"{latest.url} (epoch {latest.epoch}" if latest else None
+        if where and latest and latest.manifest is not None and latest.manifest.batch:
+            where += f" + {latest.manifest.batch} batches"
+        if note:
+            message = f"resumable: {note}; the newest checkpoint is {where + ')' if where else 'none'}"
+        elif where:
+            message = f"resumable: interrupted; saved {where}); run the same code again to resume there"
+        else:
+            message = "resumable: interrupted before any checkpoint was saved"
+        print(message, flush=True)
+        logger.info("%s", message)
+
+    def _finish_uploads(self, quiet: bool) -> None:
+        try:
+            self.callback.wait_for_uploads()
+        except ResumableError as e:
+            if not quiet:
+                raise
+            warnings.warn(f"resumable: {e}", stacklevel=3)
+
+    def _done(self, message: str, kwargs: dict[str, Any]) -> keras.callbacks.History:
+        if kwargs.get("verbose", 1):
+            print(f"resumable: {self.callback.filepath}: {message}")
+        logger.info("resumable: %s: %s", self.callback.filepath, message)
+        history = keras.callbacks.History()
+        history.set_model(self.model)
+        history.history = {}
+        return history
+
+
+def resume(
+    filepath: str,
+    build_model: Callable[[], keras.Model] | None = None,
+    *,
+    strategy: Any = None,
+    distribution: Any = None,
+    **callback_args: Any,
+) -> Run:
+    """Continue the run in ``filepath`` from its newest good checkpoint, or start a new one.
+
+    Checkpoints are tried newest first; one whose files disagree with its manifest is skipped
+    with a warning. The chosen one is downloaded to a local cache, checked and loaded (under
+    ``strategy.scope()`` when a strategy is given).
+
+    Example:
+
+    ```python
+    run = resumable.resume("gs://bucket/runs/exp1", build_model=make_model, monitor="val_loss")
+    run.fit(x, y, epochs=20, validation_data=(x_val, y_val))
+    ```
+
+    Args:
+        filepath: The run folder (local, Google Drive mount, ``gs://...`` or another fsspec URL).
+        build_model: A function returning the compiled model. With a checkpoint, its model
+            receives the saved weights and optimizer state; without one, it starts the run.
+            Defaults to None: load the saved ``.keras`` model as it is.
+        strategy: A ``tf.distribute`` strategy to build and load the model under (TensorFlow).
+            Defaults to None.
+        distribution: A ``keras.distribution`` (``DataParallel``, ``ModelParallel``; JAX) to
+            build and load the model under, and to train under in `Run.fit`. Defaults to None:
+            the distribution set with ``keras.distribution.set_distribution``, if any.
+        **callback_args: Any `CheckpointCallback` argument (``monitor``, ``keep_last``, ...),
+            for `Run.callback`. ``takeover=True`` lets `Run.fit` take the run over from another
+            process holding the run folder's writer lease; without it, `resume` warns when one
+            does (its loading needs no lease).
+
+    Returns:
+        A `Run`.
+
+    Raises:
+        CheckpointNotFoundError: No checkpoint can be restored and no ``build_model`` was given.
+        CheckpointMismatchError: The checkpoint does not fit ``build_model``'s model.
+    """
+    keras_io.check_distribution(strategy, distribution)
+    callback = CheckpointCallback(filepath, **callback_args)
+    callback.strategy = strategy
+    storage = callback.storage
+    callback.warn_if_leased()  # before a download that fit would waste
+    damaged: set[str] = set()
+    cache_root = callback.staging_dir / "cache"
+    found: tuple[CheckpointInfo, Path] | None = None
+    for info in storage.newest_first():
+        try:
+            found = info, storage.fetch(info, cache_root / info.name, progress=bool(callback.verbose))
+            break
+        except CorruptCheckpointError as e:
+            warnings.warn(f"resumable: {e}", stacklevel=2)
+            damaged.add(info.name)
+    found = _follow_chief(storage, found, cache_root, bool(callback.verbose))
+    if found is not None:
+        info, local = found
+        model = keras_io.load_model(local, build_model, strategy=strategy, distribution=distribution,
+                                    where=info.url)
+        callback.restore(info, keras_io.read_state(local), keras_io.read_arrays(local), damaged)
+        _keep_only(cache_root, info.name)
+        logger.info("resumable: resumed %s at epoch %d, step %d", info.url, info.epoch, info.step)
+        if info.manifest is not None and info.manifest.batch:
+            logger.info("resumable: %s was saved %d batches into epoch %d; run.fit continues there",
+                        info.url, info.manifest.batch, info.manifest.epoch + 1)
+        return Run(model, callback, info, strategy, distribution)
+    if build_model is None:
+        raise CheckpointNotFoundError(
+            f"{storage.url}: no checkpoint to resume from; pass build_model=<a function returning "
+            "the compiled model> to start the run"
+        )
+    with keras_io.scope(strategy, distribution):
+        model = keras_io.build(build_model)
+    if damaged:
+        callback.restore_nothing(damaged)
+    return Run(model, callback, None, strategy, distribution)
+
+
+def _position(info: CheckpointInfo | None) -> list[int]:
+    if info is None:
+        return [-1, -1, -1]
+    return [int(info.epoch or 0), int(info.step or 0), int(info.manifest.batch if info.manifest else 0)]
+
+
+def _follow_chief(storage: RunStorage, found: tuple[CheckpointInfo, Path] | None, cache_root: Path,
+                  progress: bool) -> tuple[CheckpointInfo, Path] | None:
+    """Several JAX processes: each resumes from the checkpoint process 0 chose (same epoch, step, batch).
+
+    Every process reads the same folder, so they nearly always agree already; this makes sure
+    of it (one collective), and a process that saw the folder differently follows process 0.
+    """
+    if keras_io.process_count() == 1:
+        return found
+    ours = _position(found[0] if found else None)
+    chief = keras_io.broadcast_from_chief(ours)
+    if chief == ours:
+        return found
+    index = keras_io.process_index()
+    if chief[0] < 0:
+        logger.warning("resumable: process %d: process 0 found no checkpoint in %s and starts the run anew; "
+                       "so does this process", index, storage.url)
+        return None
+    for info in storage.newest_first():
+        if _position(info) == chief:
+            try:
+                return info, storage.fetch(info, cache_root / info.name, progress=progress)
+            except CorruptCheckpointError as e:
+                raise ResumableError(
+                    f"process {index}: {info.url}, which process 0 resumes from, cannot be read here ({e}); "
+                    "every process must see the same run folder"
+                ) from e
+    raise ResumableError(
+        f"process {index}: {storage.url} has no checkpoint at epoch {chief[0]}, step {chief[1]}, which "
+        "process 0 resumes from; every process must see the same run folder"
+    )
+
+
+def _merge(histories: list[keras.callbacks.History], model: keras.Model) -> keras.callbacks.History:
+    """One History for the fits of one Run.fit, as a single model.fit would return."""
+    if len(histories) == 1:
+        return histories[0]
+    merged = keras.callbacks.History()
+    merged.set_model(model)
+    merged.epoch = [e for h in histories for e in h.epoch]
+    merged.history = {}
+    for h in histories:
+        for key, values in h.history.items():
+            merged.history.setdefault(key, []).extend(values)
+    merged.params = histories[-1].params
+    model.history = merged
+    return merged
+
+
+def _keep_only(cache_root: Path, name: str) -> None:
+    """The cache holds one checkpoint: the one restored (its files are reused by a later resume)."""
+    if cache_root.is_dir():
+        for child in cache_root.iterdir():
+            if child.name != name:
+                shutil.rmtree(child, ignore_errors=True)
+
+
+__all__ = ["Run", "resume"]

@@ -1,0 +1,96 @@
+"""What fsspec, gcsfs, google-auth or the OS raised, as one clear ResumableError line.
+
+Users meet these messages first when something is wrong (no bucket, no credentials, a full
+Drive), so each one says what happened and what to do, never a library's traceback.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+from typing import Any
+
+from resumable.core.display import human_size
+from resumable.core.errors import (
+    NoSpaceError,
+    NotAFolderError,
+    NotAuthenticatedError,
+    RunNotFoundError,
+    StorageError,
+    StoragePermissionError,
+)
+
+NO_SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})  # disk full, over quota, file too big
+COLAB_AUTH_HINT = "run `from google.colab import auth; auth.authenticate_user()` in Colab"
+GCLOUD_AUTH_HINT = "run `gcloud auth application-default login`, or set GOOGLE_APPLICATION_CREDENTIALS"
+
+
+def translate(e: Exception, where: str, url: str, root: str, *, is_gcs: bool, is_local: bool) -> Exception:
+    """The ResumableError to raise for ``e``, met at ``where`` in run folder ``url`` (fs path ``root``)."""
+    # One line, whatever the library put in its message (JSON bodies, URLs on new lines).
+    detail = " ".join(f"{type(e).__name__}: {e}".split()).rstrip(":")
+    if len(detail) > 300:
+        detail = detail[:297] + "..."
+    module = type(e).__module__
+    code = getattr(e, "code", None)
+    if module.startswith("google.auth") or "credentials" in str(e).lower() and code in (401, None):
+        hint = COLAB_AUTH_HINT if in_colab() else GCLOUD_AUTH_HINT
+        return NotAuthenticatedError(f"{where}: not authenticated to Google Cloud ({detail}); {hint}")
+    if code == 401:
+        hint = COLAB_AUTH_HINT if in_colab() else GCLOUD_AUTH_HINT
+        return NotAuthenticatedError(f"{where}: not authenticated to Google Cloud; {hint}")
+    if isinstance(e, PermissionError) or code == 403:
+        return StoragePermissionError(
+            f"{where}: permission denied; check that this account may read and write it"
+        )
+    if isinstance(e, NotADirectoryError):
+        return NotAFolderError(f"{where}: a file is in the way where a folder was expected")
+    if isinstance(e, FileNotFoundError) or code == 404:
+        if is_gcs and where == url:  # listing an absent prefix is no error on GCS
+            bucket = root.split("/", 1)[0]
+            return RunNotFoundError(
+                f"{where}: not found; does the bucket gs://{bucket} exist? Create it first"
+            )
+        return RunNotFoundError(f"{where}: not found")
+    if isinstance(e, FileExistsError):
+        return e  # handled by the caller
+    if isinstance(e, OSError) and e.errno in NO_SPACE_ERRNOS:
+        free = free_space(root) if is_local else ""
+        return NoSpaceError(
+            f"{where}: no space left on the device{free}; free space or choose another folder"
+        )
+    return StorageError(f"{where}: {detail}")
+
+
+def free_space(path: str) -> str:
+    """``", 1.2 MB free"`` for the disk holding ``path`` (or its nearest existing parent), else ``""``."""
+    folder = os.path.abspath(path)
+    while not os.path.exists(folder) and os.path.dirname(folder) != folder:
+        folder = os.path.dirname(folder)
+    try:
+        return f", {human_size(shutil.disk_usage(folder).free)} free"
+    except OSError:
+        return ""
+
+
+def in_colab() -> bool:
+    return "COLAB_RELEASE_TAG" in os.environ or "COLAB_GPU" in os.environ
+
+
+class BoundedRequest:
+    """google-auth's requests transport with a short timeout (its default is 120 s)."""
+
+    timeout = 20.0
+
+    def __init__(self) -> None:
+        from google.auth.transport.requests import Request
+
+        self._request = Request()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        kwargs["timeout"] = min(kwargs.get("timeout") or self.timeout, self.timeout)
+        return self._request(*args, **kwargs)
+
+
+__all__ = ["NO_SPACE_ERRNOS", "BoundedRequest", "free_space", "in_colab", "translate"]

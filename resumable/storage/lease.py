@@ -1,0 +1,472 @@
+"""The writer lease: one process at a time writes a run folder.
+
+Two notebooks training into the same run folder would interleave their checkpoints, delete
+each other's with retention and rewrite the run index in turn. So the writer takes a lease
+first: ``<run>/lease.json``, created only if absent (``ifGenerationMatch=0`` on GCS, an
+exclusive create locally), naming the holder's host, process and start time. The holder
+renews it from a background thread; a lease not renewed for its ``timeout`` is stale and
+may be taken over, as may one whose process is gone (same host, dead process id), or any
+lease with ``takeover=True``. Every change is a compare-and-swap (a GCS generation
+precondition; locally a read-compare-replace under ``flock``), so two contenders never
+both win and a release never deletes another holder's lease. A holder that finds its lease
+taken over stops writing (`LeaseLostError`). Readers (list, inspect, verify, resume's
+loading) need no lease.
+
+Example:
+
+```python
+lease = Lease(RunStorage("gs://bucket/runs/exp1"), timeout=600)
+lease.acquire()            # LeaseHeldError naming the holder if another process writes the run
+lease.start_renewing()     # every timeout / 10 seconds (at most 60), in a daemon thread
+...                        # lease.renew() before each commit: LeaseLostError once taken over
+lease.release()            # deletes lease.json only if it is still ours
+```
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import datetime as dt
+import json
+import logging
+import math
+import os
+import socket
+import sys
+import threading
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from resumable.core.errors import LeaseHeldError, LeaseLostError, ResumableError
+from resumable.storage import RunStorage
+
+logger = logging.getLogger("resumable")
+
+LEASE_NAME = "lease.json"
+LEASE_FORMAT = "resumable.lease"
+DEFAULT_TIMEOUT = 600.0  # seconds without renewal after which a lease is stale
+MAX_RENEW_INTERVAL = 60.0  # renew at least this often, and at least 10 times per timeout
+ACQUIRE_TRIES = 5  # contenders racing on the file: each lost race re-reads it
+
+
+@dataclasses.dataclass(frozen=True)
+class LeaseInfo:
+    """What ``lease.json`` says about its holder."""
+
+    token: str  # unique per acquisition: tells this holder's writes from any other's
+    host: str
+    pid: int
+    started: dt.datetime  # when the lease was taken (UTC)
+    renewed: dt.datetime  # last renewal (UTC), by the holder's clock
+    timeout: float  # the holder's own lease_timeout: stale after this long without renewal
+    process_start: int | None = None  # /proc start time of the process: tells a reused pid
+    boot_id: str | None = None  # /proc boot id: the same host name after a reboot is another machine
+
+    def to_json(self) -> bytes:
+        return json.dumps({
+            "format": LEASE_FORMAT, "token": self.token, "host": self.host, "pid": self.pid,
+            "started": _iso(self.started), "renewed": _iso(self.renewed), "timeout": self.timeout,
+            "process_start": self.process_start, "boot_id": self.boot_id,
+        }, indent=1).encode()
+
+    @classmethod
+    def from_json(cls, blob: bytes) -> LeaseInfo | None:
+        """The lease, or None when the bytes are not a lease (a torn write, a stray file)."""
+        try:
+            raw = json.loads(blob)
+            if raw.get("format") != LEASE_FORMAT:
+                return None
+            timeout = float(raw["timeout"])
+            return cls(
+                token=str(raw["token"]), host=str(raw["host"]), pid=int(raw["pid"]),
+                started=_parse_iso(raw["started"]), renewed=_parse_iso(raw["renewed"]),
+                timeout=timeout if math.isfinite(timeout) and timeout > 0 else DEFAULT_TIMEOUT,
+                process_start=_optional_int(raw.get("process_start")),
+                boot_id=str(raw["boot_id"]) if raw.get("boot_id") else None,
+            )
+        except (ValueError, TypeError, KeyError, AttributeError):
+            return None
+
+    @property
+    def expires(self) -> dt.datetime:
+        return self.renewed + dt.timedelta(seconds=self.timeout)
+
+    def age(self, now: dt.datetime | None = None) -> float:
+        """Seconds since the last renewal (0 when the holder's clock is ahead of ours)."""
+        return max(0.0, ((now or _now()) - self.renewed).total_seconds())
+
+    def stale(self, now: dt.datetime | None = None) -> bool:
+        """Not renewed for its timeout: its holder is gone, frozen or cut off from the storage."""
+        return self.age(now) > self.timeout
+
+    def process_gone(self) -> bool:
+        """True only when the holder ran on this machine and its process no longer exists."""
+        if self.host != _HOST or (self.boot_id and _BOOT_ID and self.boot_id != _BOOT_ID):
+            return False
+        start = _process_start(self.pid)
+        if start == -1:  # no such process, or a zombie
+            return True
+        if start is not None and self.process_start is not None:
+            return start != self.process_start  # the pid was reused by another process
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return True
+        except OSError:  # alive, owned by someone else
+            return False
+        return False
+
+    def mine(self) -> bool:
+        """Held by this very process (an earlier fit or an earlier `resume()` in this kernel)."""
+        return self.host == _HOST and self.pid == os.getpid() and (
+            self.process_start is None or self.process_start == _own_process_start()
+        )
+
+    def blocks(self) -> bool:
+        """Would stop a writer without ``takeover=True``: fresh, held by another process that still runs."""
+        return not (self.mine() or self.process_gone() or self.stale())
+
+    def describe(self, now: dt.datetime | None = None) -> str:
+        """``host 'a', process 12, since 2026-11-22 06:10:03 UTC, renewed 35 s ago``."""
+        return (f"host {self.host!r}, process {self.pid}, since {_show(self.started)}, "
+                f"renewed {_ago(self.age(now))} ago")
+
+
+def read_lease(storage: RunStorage) -> LeaseInfo | None:
+    """The run folder's lease, or None when nobody holds one (or it is unreadable). For readers."""
+    found = storage.read_run_file(LEASE_NAME)
+    return LeaseInfo.from_json(found[0]) if found else None
+
+
+class Lease:
+    """The writer lease of one run folder, for one writer.
+
+    Args:
+        storage: The run folder.
+        timeout: Seconds without renewal after which other processes may take the lease over;
+            written into the lease, so every contender honours the holder's setting. Defaults
+            to 600.
+        renew_interval: Seconds between renewals by `start_renewing`. Defaults to
+            ``min(60, timeout / 10)``: ten missed renewals before the lease goes stale.
+        before_exit: Run at interpreter exit before a held lease is released (the callback
+            lands its last uploads there). Defaults to None.
+    """
+
+    def __init__(self, storage: RunStorage, *, timeout: float = DEFAULT_TIMEOUT,
+                 renew_interval: float | None = None, before_exit: Callable[[], Any] | None = None) -> None:
+        self.storage = storage
+        self.before_exit = before_exit
+        self.timeout = check_timeout(timeout)
+        self.renew_interval = renew_interval or min(MAX_RENEW_INTERVAL, self.timeout / 10)
+        self.info: LeaseInfo | None = None  # ours, while held
+        self.lost: str | None = None  # why we no longer hold it, once taken over
+        self._version: Any = None  # what the storage last held from us
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __repr__(self) -> str:
+        return f"Lease({self.storage.url!r}, held={self.held})"
+
+    @property
+    def held(self) -> bool:
+        return self.info is not None
+
+    def acquire(self, *, takeover: bool = False) -> None:
+        """Take the lease, or renew it if already held; raises LeaseHeldError naming the holder.
+
+        A lease held by this same process (an earlier fit), by a process that no longer runs
+        on this machine, or not renewed for its timeout is taken over (with a warning for the
+        last two); any other lease only with ``takeover=True``.
+        """
+        with self._lock:
+            if self.held:
+                self.renew()
+                return
+            self.lost = None
+            now = _now()
+            info = LeaseInfo(token=uuid.uuid4().hex, host=_HOST, pid=os.getpid(), started=now, renewed=now,
+                             timeout=self.timeout, process_start=_own_process_start(), boot_id=_BOOT_ID)
+            data = info.to_json()
+            for _ in range(ACQUIRE_TRIES):
+                version = self.storage.create_run_file(LEASE_NAME, data)
+                if version is None:
+                    found = self.storage.read_run_file(LEASE_NAME)
+                    if found is None:
+                        continue  # released in between: create again
+                    blob, current = found
+                    if blob == data:  # our create landed, and its retry saw it
+                        version = current
+                    else:
+                        self._may_take(LeaseInfo.from_json(blob), takeover)
+                        version = self.storage.replace_run_file(LEASE_NAME, data, current)
+                        if version is None:
+                            version = self._landed(data)
+                if version is not None:
+                    self.info, self._version = info, version
+                    _held.add(self)
+                    _register_exit_hook()
+                    logger.info("resumable: took the writer lease of %s", self.storage.url)
+                    return
+            raise LeaseHeldError(
+                f"{self._url}: other processes keep changing the writer lease; make sure only one "
+                "process trains into this run folder, then try again"
+            )
+
+    def renew(self) -> None:
+        """Write a fresh renewal time, only if the lease is still ours; LeaseLostError if not."""
+        with self._lock:
+            self.check()
+            if self.info is None:
+                raise LeaseLostError(f"{self._url}: this process holds no writer lease; take it first")
+            info = dataclasses.replace(self.info, renewed=_now())
+            data = info.to_json()
+            version = self.storage.replace_run_file(LEASE_NAME, data, self._version)
+            if version is None:
+                version = self._landed(data)
+            if version is None:
+                ours = self._still_ours()  # an earlier renewal landed, or tore the file, but raised
+                if ours is not None:
+                    version = self.storage.replace_run_file(LEASE_NAME, data, ours)
+                    if version is None:
+                        version = self._landed(data)
+            if version is None:
+                self._lose()
+            self.info, self._version = info, version
+
+    def check(self) -> None:
+        """Raise LeaseLostError if a renewal found the lease taken over. Costs nothing."""
+        if self.lost is not None:
+            raise LeaseLostError(self.lost)
+
+    def release(self) -> None:
+        """Stop renewing and delete the lease, only if it is still ours. Never raises."""
+        self.stop_renewing()
+        with self._lock:
+            if self.info is None:
+                return
+            version, self._version = self._version, None
+            _held.discard(self)
+            try:
+                deleted = self.storage.delete_run_file(LEASE_NAME, version)
+                if not deleted:
+                    ours = self._still_ours()
+                    deleted = ours is not None and self.storage.delete_run_file(LEASE_NAME, ours)
+                self.info = None
+                if deleted:
+                    logger.info("resumable: released the writer lease of %s", self.storage.url)
+                else:
+                    logger.info("resumable: the writer lease of %s was no longer ours; left as it is",
+                                self.storage.url)
+            except ResumableError as e:  # it goes stale by itself
+                self.info = None
+                logger.warning("resumable: could not release the writer lease of %s: %s", self.storage.url, e)
+
+    def start_renewing(self) -> None:
+        """Renew every ``renew_interval`` seconds from a daemon thread, until `release`.
+
+        A thread, not batch ends: one batch, one validation pass or one save of a big model can
+        take longer than the timeout, and the main thread may be blocked; the lease must stay
+        fresh as long as this process lives. A renewal that fails on the storage is retried at
+        the next tick (the lease only goes stale after ten failures in a row).
+        """
+        with self._lock:
+            if self._thread is not None and self._thread.is_alive():
+                return
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._renew_loop, name="resumable-lease", daemon=True)
+            self._thread.start()
+
+    def stop_renewing(self) -> None:
+        self._stop.set()
+        thread, self._thread = self._thread, None
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=5)
+
+    # ------------------------------------------------------------------ helpers
+
+    @property
+    def _url(self) -> str:
+        return f"{self.storage.url}/{LEASE_NAME}"
+
+    def _may_take(self, holder: LeaseInfo | None, takeover: bool) -> None:
+        """Decide whether the lease found may be taken over; LeaseHeldError if not."""
+        if holder is None:
+            logger.warning("resumable: %s is not a readable lease; taking it over", self._url)
+        elif holder.mine():
+            logger.info("resumable: taking over the writer lease an earlier fit of this process held")
+        elif holder.process_gone():
+            logger.warning("resumable: taking over the writer lease of %s: that process no longer runs",
+                           holder.describe())
+        elif holder.stale():
+            logger.warning("resumable: taking over the stale writer lease of %s (stale after %s)",
+                           holder.describe(), _ago(holder.timeout))
+        elif takeover:
+            logger.warning("resumable: takeover=True: taking over the writer lease of %s; that process "
+                           "stops writing at its next save", holder.describe())
+        else:
+            raise LeaseHeldError(
+                f"{self.storage.url} is being written by another process ({holder.describe()}; stale after "
+                f"{_ago(holder.timeout)} without renewal, at {_show(holder.expires)}): two writers would "
+                "corrupt the run. Stop that process, wait until its lease is stale, or pass takeover=True "
+                "to take the run over (the other process then stops at its next save)"
+            )
+
+    def _landed(self, data: bytes) -> Any | None:
+        """After a failed swap: did our write land anyway (a retry after a lost reply)?"""
+        found = self.storage.read_run_file(LEASE_NAME)
+        return found[1] if found is not None and found[0] == data else None
+
+    def _still_ours(self) -> Any | None:
+        """The stored version when the lease still has our token, or is torn (by a write of ours
+        that failed half-way where writes are not atomic: a contender would take it over too)."""
+        found = self.storage.read_run_file(LEASE_NAME)
+        if found is None or self.info is None:
+            return None
+        current = LeaseInfo.from_json(found[0])
+        return found[1] if current is None or current.token == self.info.token else None
+
+    def _lose(self) -> None:
+        found = read_lease(self.storage)
+        who = f"now held by {found.describe()}" if found else "it was removed"
+        self.lost = (f"{self.storage.url}: this process lost its writer lease ({who}); it stops writing to "
+                     "this run folder. Another process took the run over: continue there, or call "
+                     "resumable.resume(..., takeover=True) to take it back")
+        self.info, self._version = None, None
+        _held.discard(self)
+        self._stop.set()
+        raise LeaseLostError(self.lost)
+
+    def _renew_loop(self) -> None:
+        while not self._stop.wait(self.renew_interval):
+            try:
+                self.renew()
+            except LeaseLostError as e:
+                logger.warning("resumable: %s", e)
+                return
+            except Exception as e:  # noqa: BLE001 - a storage hiccup: the next tick tries again
+                logger.warning("resumable: could not renew the writer lease of %s (next try in %.0f s): %s",
+                               self.storage.url, self.renew_interval, e)
+
+
+def check_timeout(timeout: Any, argument: str = "lease_timeout") -> float:
+    """Seconds (a number or a ``datetime.timedelta``), positive and finite; ValueError otherwise."""
+    seconds = timeout.total_seconds() if isinstance(timeout, dt.timedelta) else timeout
+    if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and math.isfinite(seconds) \
+            and seconds > 0:
+        return float(seconds)
+    raise ValueError(
+        f"Invalid value for argument `{argument}`. Received: {argument}={timeout!r}. Expected a positive "
+        "number of seconds or a datetime.timedelta, e.g. 600: another process may take the run over "
+        "once the lease has not been renewed for that long."
+    )
+
+
+# ---------------------------------------------------------------------- this process and machine
+
+
+def _process_start(pid: int) -> int | None:
+    """The process' start time in clock ticks since boot; -1 if it is gone or a zombie; None if unknown."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except FileNotFoundError:
+        return -1 if os.path.isdir("/proc/self") else None
+    except (OSError, IndexError):
+        return None
+    try:
+        return -1 if fields[0] == b"Z" else int(fields[19])  # state, then starttime (field 22)
+    except (IndexError, ValueError):
+        return None
+
+
+def _boot_id() -> str | None:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
+_HOST = socket.gethostname()
+_BOOT_ID = _boot_id()
+_own_start: tuple[int, int | None] = (-1, None)
+
+
+def _own_process_start() -> int | None:
+    """This process' start time, per pid: a process forked after import has its own."""
+    global _own_start
+    pid = os.getpid()
+    if _own_start[0] != pid:
+        start = _process_start(pid)
+        _own_start = (pid, None if start == -1 else start)
+    return _own_start[1]
+
+
+def _now() -> dt.datetime:
+    now = dt.datetime.now(dt.timezone.utc)
+    return now.replace(microsecond=now.microsecond // 1000 * 1000)  # as lease.json stores it
+
+
+def _iso(moment: dt.datetime) -> str:
+    return moment.astimezone(dt.timezone.utc).isoformat(timespec="milliseconds")
+
+
+def _parse_iso(text: Any) -> dt.datetime:
+    moment = dt.datetime.fromisoformat(str(text).replace("Z", "+00:00"))
+    return moment if moment.tzinfo else moment.replace(tzinfo=dt.timezone.utc)
+
+
+def _optional_int(value: Any) -> int | None:
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _show(moment: dt.datetime) -> str:
+    return moment.astimezone(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _ago(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+# ---------------------------------------------------------------------- interpreter exit
+
+_held: set[Lease] = set()  # strong: a held lease is released at exit even if nothing else keeps it
+_hook_registered = False
+
+
+def _register_exit_hook() -> None:
+    """Run at exit while threads still work: before concurrent.futures shuts its executors down
+    (then gcsfs can no longer open a connection: DNS lookups go through one), which happens
+    before atexit hooks run. A lease's ``before_exit`` lands the last uploads first."""
+    global _hook_registered
+    if not _hook_registered:
+        _hook_registered = True
+        register = getattr(threading, "_register_atexit", None)
+        try:
+            (register or atexit.register)(_release_at_exit)
+        except RuntimeError:  # already shutting down
+            atexit.register(_release_at_exit)
+
+
+def _release_at_exit() -> None:
+    for lease in list(_held):
+        try:
+            if lease.before_exit is not None:
+                lease.before_exit()
+        except Exception as e:  # noqa: BLE001 - exiting anyway; release the lease all the same
+            print(f"resumable: {e}", file=sys.stderr)
+        try:
+            lease.release()
+        except Exception as e:  # noqa: BLE001 - exiting anyway; the lease goes stale by itself
+            print(f"resumable: could not release the writer lease of {lease.storage.url}: {e}",
+                  file=sys.stderr)
+
+
+__all__ = ["DEFAULT_TIMEOUT", "LEASE_NAME", "Lease", "LeaseInfo", "check_timeout", "read_lease"]

@@ -1,0 +1,38 @@
+"""The README's first command: `resumable demo` trains, is killed, resumes and lists."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from resumable.cli.demo import EPOCHS, KILL_AFTER_EPOCH
+
+
+@pytest.mark.slow
+def test_demo_is_killed_resumes_and_finishes(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "resumable", "demo", str(tmp_path)],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "killed the training process" in out.stdout
+    (run,) = tmp_path.glob("run-*")
+
+    listing = subprocess.run(
+        [sys.executable, "-m", "resumable", "list", str(run), "--json"],
+        capture_output=True, text=True, check=True,
+    )
+    checkpoints = json.loads(listing.stdout)["checkpoints"]
+    epochs = [c["epoch"] for c in checkpoints if c["status"] == "ok"]
+    assert max(epochs) == EPOCHS
+    # The first session started afresh; the second resumed where the kill left it, not at epoch 1.
+    assert f"new run: starting at epoch 1 of {EPOCHS}" in out.stdout
+    resumed = re.search(r"resumed from ckpt-(\d+): (\d+) epochs done", out.stdout)
+    assert resumed, out.stdout[-3000:]
+    assert int(resumed.group(1)) == int(resumed.group(2))
+    assert KILL_AFTER_EPOCH <= int(resumed.group(2)) < EPOCHS

@@ -1,0 +1,210 @@
+"""SIGKILL a training process at random moments, some inside saves; every restart must succeed.
+
+A zygote process (tests/jobs/train_job.py --zygote) imports TensorFlow once and forks one
+training process per attempt; the test kills that process with SIGKILL, as a Colab runtime dies,
+and starts another until one finishes. The final weights must equal those of a run never killed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pytest
+from paths import JOBS
+
+from resumable import RunStorage
+
+pytestmark = pytest.mark.slow
+
+JOB = JOBS / "train_job.py"
+EPOCHS = 100
+KILLS = int(os.environ.get("RESUMABLE_TEST_KILLS", "20"))
+
+
+class Zygote:
+    """The forking job server: start a job, read its output lines, kill it."""
+
+    def __init__(self, log: Path) -> None:
+        env = {**os.environ, "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false", "TF_CPP_MIN_LOG_LEVEL": "3"}
+        self._stderr = log.open("w")
+        self.proc = subprocess.Popen(
+            [sys.executable, str(JOB), "--zygote"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=self._stderr, text=True, bufsize=1, env=env,
+        )
+        self.lines: queue.Queue[tuple[float, str]] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+        self.expect("ZYGOTE READY", timeout=120)
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put((time.monotonic(), line.rstrip("\n")))
+        self.lines.put((time.monotonic(), "EOF"))
+
+    def next(self, timeout: float) -> str | None:
+        try:
+            return self.lines.get(timeout=max(timeout, 0))[1]
+        except queue.Empty:
+            return None
+
+    def expect(self, prefix: str, timeout: float) -> str:
+        deadline = time.monotonic() + timeout
+        while (line := self.next(deadline - time.monotonic())) is not None:
+            if line.startswith(prefix):
+                return line
+            if line == "EOF":
+                break
+        raise AssertionError(f"no {prefix!r} line from the job server within {timeout} s")
+
+    def start(self, argv: list[str]) -> int:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(argv) + "\n")
+        self.proc.stdin.flush()
+        return int(self.expect("CHILD ", timeout=30).split()[1])
+
+    def close(self) -> None:
+        if self.proc.stdin:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self._stderr.close()
+
+
+@dataclass
+class Attempt:
+    """What one training process printed before it ended."""
+
+    pid: int
+    lines: list[str] = field(default_factory=list)
+    status: int | None = None
+
+    @property
+    def inside_save(self) -> bool:
+        saving = [i for i, line in enumerate(self.lines) if "resumable: saving" in line]
+        saved = [i for i, line in enumerate(self.lines) if "resumable: saved" in line]
+        return bool(saving) and (not saved or saving[-1] > saved[-1])
+
+    @property
+    def failed(self) -> bool:
+        return any(line.startswith("ERROR") for line in self.lines)
+
+
+def run_attempt(zygote: Zygote, argv: list[str], rng: random.Random) -> Attempt:
+    """Start a job and SIGKILL it at a random moment: while starting, while training or inside a save."""
+    attempt = Attempt(zygote.start(argv))
+    mode = rng.choices(["starting", "training", "saving"], weights=[2, 4, 4])[0]
+    saves = 0
+    wanted_saves = rng.randint(1, 4)
+    deadline = time.monotonic() + (rng.uniform(0, 1.0) if mode == "starting" else 60)
+    while True:
+        line = zygote.next(deadline - time.monotonic())
+        if line is None:
+            break  # the moment to kill has come
+        attempt.lines.append(line)
+        if line.startswith(f"EXIT {attempt.pid} "):
+            attempt.status = int(line.split()[2])
+            return attempt  # it ended by itself
+        if line.startswith("READY") and mode == "training":
+            # the first epoch includes tracing the train step (about a second here)
+            deadline = time.monotonic() + rng.uniform(0, 3.0)
+        if "resumable: saving" in line and mode == "saving":
+            saves += 1
+            if saves == wanted_saves:
+                # a save takes a few hundredths of a second locally, more on GCS: land inside it
+                time.sleep(rng.uniform(0, 0.05))
+                break
+    os.kill(attempt.pid, signal.SIGKILL)
+    while (line := zygote.next(30)) is not None:
+        attempt.lines.append(line)
+        if line.startswith(f"EXIT {attempt.pid} "):
+            attempt.status = int(line.split()[2])
+            break
+    return attempt
+
+
+def train_until_done(zygote: Zygote, url: str, out: Path, seed: int) -> tuple[list[Attempt], Attempt]:
+    rng = random.Random(seed)
+    argv = [url, "--epochs", str(EPOCHS), "--out", str(out)]
+    killed: list[Attempt] = []
+    while len(killed) < KILLS:
+        attempt = run_attempt(zygote, argv, rng)
+        output = "\n".join(attempt.lines)
+        assert not attempt.failed, f"restart {len(killed) + 1} failed:\n{output}"
+        assert attempt.status is not None, f"no exit status for {attempt.pid}:\n{output}"
+        if attempt.status == 0:
+            pytest.fail(f"the run finished after only {len(killed)} kills; raise EPOCHS\n{output}")
+        assert os.WIFSIGNALED(attempt.status) and os.WTERMSIG(attempt.status) == signal.SIGKILL, output
+        killed.append(attempt)
+    final = Attempt(zygote.start(argv))
+    while (line := zygote.next(300)) is not None:
+        final.lines.append(line)
+        if line.startswith(f"EXIT {final.pid} "):
+            final.status = int(line.split()[2])
+            break
+    return killed, final
+
+
+@pytest.fixture(scope="module")
+def zygote(gcs_server: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Zygote]:
+    server = Zygote(tmp_path_factory.mktemp("zygote") / "stderr.log")
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, np.ndarray]:
+    """The reference: the same job in a fresh Python process, never killed."""
+    folder = tmp_path_factory.mktemp("uninterrupted")
+    out = folder / "final.npz"
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    done = subprocess.run(
+        [sys.executable, str(JOB), str(folder / "run"), "--epochs", str(EPOCHS), "--out", str(out)],
+        capture_output=True, text=True, timeout=300, env=env,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    with np.load(out) as data:
+        return {key: data[key] for key in data.files}
+
+
+@pytest.mark.parametrize("where", ["local", "gcs"])
+def test_sigkill_at_random_moments_then_resume_equals_uninterrupted(
+    where: str, zygote: Zygote, uninterrupted: dict[str, np.ndarray], tmp_path: Path,
+    request: pytest.FixtureRequest,
+) -> None:
+    url = str(tmp_path / "run") if where == "local" else request.getfixturevalue("gcs_bucket") + "/runs/crash"
+    out = tmp_path / "final.npz"
+
+    killed, final = train_until_done(zygote, url, out, seed=1234 if where == "local" else 4321)
+
+    output = "\n".join(final.lines)
+    assert final.status == 0 and any(line.startswith("DONE") for line in final.lines), output
+    assert len(killed) >= KILLS
+    resumed_at = [
+        int(line.split("=")[1].split()[0]) for a in killed for line in a.lines if line.startswith("READY")
+    ]
+    assert max(resumed_at) > 0, "no restart ever found a checkpoint"
+    inside_saves = sum(a.inside_save for a in killed)
+    print(f"{len(killed)} kills, {inside_saves} inside a save, resumed at epochs {resumed_at}")
+    assert inside_saves >= max(1, KILLS // 7), "too few kills landed inside a save"
+    with np.load(out) as data:
+        final_weights = {key: data[key] for key in data.files}
+    assert final_weights.keys() == uninterrupted.keys()
+    for key in uninterrupted:
+        assert np.array_equal(final_weights[key], uninterrupted[key]), f"weights {key} differ"
+    checkpoints = RunStorage(url).list()
+    assert all(c.ok for c in checkpoints), [(c.name, c.status, c.problem) for c in checkpoints]
+    assert checkpoints[-1].epoch == EPOCHS

@@ -1,0 +1,256 @@
+"""Uploader: background commits on every backend, with plain files; no Keras."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from gated_fs import GatedFS
+
+from resumable import RunStorage
+from resumable.core.checksum import CHUNK_SIZE
+from resumable.core.errors import StorageError
+from resumable.core.manifest import Manifest
+from resumable.manager.uploader import Uploader
+from resumable.storage import PROGRESS_MIN_BYTES
+from resumable.storage.retry import RetryPolicy
+
+FAST_RETRY = RetryPolicy(attempts=3, initial_delay=0.01, max_delay=0.01)
+
+
+def stage(root: Path, epoch: int, size: int = 1000) -> tuple[Path, str, Manifest]:
+    name = f"ckpt-{epoch:06d}"
+    folder = root / "staging" / name
+    folder.mkdir(parents=True)
+    (folder / "model.keras").write_bytes(bytes([epoch % 256]) * size)
+    (folder / "state.json").write_text(f'{{"epoch": {epoch}}}')
+    return folder, name, Manifest(epoch=epoch, step=epoch * 10)
+
+
+def committed(storage: RunStorage) -> list[str]:
+    return [c.name for c in storage.list() if c.ok]
+
+
+def test_submit_returns_at_once_and_a_newer_job_replaces_the_waiting_one(
+    run_url: str, tmp_path: Path
+) -> None:
+    storage = RunStorage(run_url, retry=FAST_RETRY)
+    gate = threading.Event()
+    storage.fs = GatedFS(storage.fs, gate)
+    uploader = Uploader(storage, cache_dir=tmp_path / "committed")
+    jobs = [stage(tmp_path, epoch) for epoch in (1, 2, 3)]
+
+    started = time.monotonic()
+    uploader.submit(*jobs[0])
+    assert storage.fs.entered.wait(10)  # ckpt 1 is in flight, blocked in its upload
+    uploader.submit(*jobs[1])  # waits
+    uploader.submit(*jobs[2])  # replaces ckpt 2
+    assert time.monotonic() - started < 5  # nothing waited for the upload (the gate is closed)
+    assert uploader.pending == ["ckpt-000001", "ckpt-000003"]
+    assert uploader.replaced == ["ckpt-000002"]
+    assert not jobs[1][0].exists()  # the replaced job's staged copy is gone
+    assert committed(storage) == []
+
+    gate.set()
+    assert uploader.wait(timeout=60)
+    assert committed(storage) == ["ckpt-000001", "ckpt-000003"]
+    assert uploader.committed == ["ckpt-000001", "ckpt-000003"]
+    # committed staged copies are removed, but the newest is kept as a local copy
+    assert not (tmp_path / "staging" / "ckpt-000001").exists()
+    assert not (tmp_path / "staging" / "ckpt-000003").exists()
+    assert sorted(p.name for p in (tmp_path / "committed").iterdir()) == ["ckpt-000003"]
+    assert storage.verify("ckpt-000003") == []
+    # the next save drops that copy first; the run folder keeps everything
+    uploader.drop_cached()
+    assert list((tmp_path / "committed").iterdir()) == []
+    assert committed(storage) == ["ckpt-000001", "ckpt-000003"] and storage.verify("ckpt-000003") == []
+
+
+def test_errors_are_retried_then_warned_and_the_next_submit_tries_again(
+    run_url: str, tmp_path: Path
+) -> None:
+    storage = RunStorage(run_url, retry=FAST_RETRY)
+    storage.fs = GatedFS(storage.fs, failures=100)
+    uploader = Uploader(storage)
+    first = stage(tmp_path, 1)
+
+    with pytest.warns(UserWarning, match="upload of ckpt-000001 failed.*Input/output error.*kept"):
+        uploader.submit(*first)
+        with pytest.raises(StorageError, match="Input/output error"):
+            uploader.wait(timeout=30)
+    assert len(storage.fs.puts) >= FAST_RETRY.attempts  # the storage layer retried with backoff
+    assert first[0].is_dir()  # the local copy is kept
+    assert uploader.pending == ["ckpt-000001"]
+    assert committed(storage) == []
+
+    storage.fs.failures = 0  # the network is back: the next save uploads both
+    uploader.submit(*stage(tmp_path, 2))
+    assert uploader.wait(timeout=30)
+    assert committed(storage) == ["ckpt-000001", "ckpt-000002"]
+    assert uploader.pending == []
+    assert not first[0].exists()
+
+
+def test_wait_retries_the_last_failed_checkpoint(tmp_path: Path) -> None:
+    storage = RunStorage(str(tmp_path / "run"), retry=FAST_RETRY)
+    storage.fs = GatedFS(storage.fs, failures=FAST_RETRY.attempts)  # fails exactly one commit
+    uploader = Uploader(storage)
+    with pytest.warns(UserWarning, match="ckpt-000001"):
+        uploader.submit(*stage(tmp_path, 1))
+        while uploader.in_progress("ckpt-000001"):
+            time.sleep(0.01)
+    assert uploader.wait(timeout=30)  # tries again, and this time it lands
+    assert committed(storage) == ["ckpt-000001"]
+
+
+def test_a_newer_commit_supersedes_an_older_failure(tmp_path: Path) -> None:
+    storage = RunStorage(str(tmp_path / "run"), retry=FAST_RETRY)
+    storage.fs = GatedFS(storage.fs, failures=2 * FAST_RETRY.attempts)  # ckpt 1 fails twice
+    uploader = Uploader(storage)
+    first = stage(tmp_path, 1)
+    with pytest.warns(UserWarning, match="ckpt-000001"):
+        uploader.submit(*first)
+        with pytest.raises(StorageError):
+            uploader.wait(timeout=30)
+        uploader.submit(*stage(tmp_path, 2))  # retries ckpt 1 (fails again), then ckpt 2 lands
+        assert uploader.wait(timeout=30)
+    assert committed(storage) == ["ckpt-000002"]
+    assert uploader.pending == [] and not first[0].exists()
+
+
+def test_on_commit_runs_after_each_commit_before_the_next_upload(tmp_path: Path) -> None:
+    storage = RunStorage(str(tmp_path / "run"))
+    seen: list[tuple[str, list[str], str]] = []
+
+    def on_commit(info: Any) -> None:
+        seen.append((info.name, committed(storage), threading.current_thread().name))
+
+    uploader = Uploader(storage, on_commit=on_commit)
+    uploader.submit(*stage(tmp_path, 1))
+    uploader.wait()
+    uploader.submit(*stage(tmp_path, 2))
+    uploader.wait()
+    assert seen == [
+        ("ckpt-000001", ["ckpt-000001"], "resumable-uploader"),
+        ("ckpt-000002", ["ckpt-000001", "ckpt-000002"], "resumable-uploader"),
+    ]
+
+
+def test_commit_now_is_synchronous_and_raises(tmp_path: Path) -> None:
+    storage = RunStorage(str(tmp_path / "run"), retry=FAST_RETRY)
+    storage.fs = GatedFS(storage.fs, failures=100)
+    uploader = Uploader(storage)
+    job = stage(tmp_path, 1)
+    with pytest.raises(StorageError, match="Input/output error"):
+        uploader.commit_now(*job)
+    assert job[0].is_dir()
+    storage.fs.failures = 0
+    assert uploader.commit_now(*job).name == "ckpt-000001"
+    assert committed(storage) == ["ckpt-000001"] and not job[0].exists()
+    assert uploader._thread is None  # no thread in synchronous mode
+
+
+EXIT_SCRIPT = """
+import sys, time
+from pathlib import Path
+from resumable import RunStorage
+from resumable.core.manifest import Manifest
+from resumable.manager.uploader import Uploader
+
+class SlowFS:
+    def __init__(self, fs): self._fs = fs
+    def __getattr__(self, name): return getattr(self._fs, name)
+    def open(self, path, mode="rb", **kwargs):
+        if "w" in mode:
+            time.sleep(1.0)
+        return self._fs.open(path, mode, **kwargs)
+
+root, url = Path(sys.argv[1]), sys.argv[2]
+storage = RunStorage(url)
+storage.list()  # the first request opens the HTTP session, as training's checks do
+storage.fs = SlowFS(storage.fs)
+staged = root / "staging" / "ckpt-000001"
+staged.mkdir(parents=True)
+(staged / "model.keras").write_bytes(b"x" * 1000)
+Uploader(storage).submit(staged, "ckpt-000001", Manifest(epoch=1, step=1))
+print("SUBMITTED", flush=True)
+"""
+
+
+@pytest.mark.parametrize("backend", ["local", "gcs"])
+def test_interpreter_exit_waits_for_the_pending_upload(run_url: str, tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", EXIT_SCRIPT, str(tmp_path), run_url], capture_output=True, text=True,
+        timeout=60, env={**os.environ, "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false"},
+    )
+    assert result.returncode == 0, result.stderr
+    assert "SUBMITTED" in result.stdout
+    assert "finishing the upload of ckpt-000001" in result.stderr
+    assert "failed" not in result.stderr
+    assert committed(RunStorage(run_url)) == ["ckpt-000001"]
+
+
+@pytest.mark.parametrize("backend", ["local", "memory"])
+def test_big_transfers_show_a_progress_bar(
+    run_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    storage = RunStorage(run_url)
+    folder, name, manifest = stage(tmp_path, 1, size=PROGRESS_MIN_BYTES + 1)
+    storage.commit(folder, name, manifest, progress=True)
+    storage.fetch(name, tmp_path / "cache", progress=True)
+    err = capsys.readouterr().err
+    assert "resumable: upload model.keras" in err and "resumable: download model.keras" in err
+    assert "B/s" in err  # throughput
+    assert "state.json" not in err  # small files get no bar
+
+
+def test_paused_holds_the_upload_in_flight_between_chunks(tmp_path: Path) -> None:
+    """While the next checkpoint serializes, the upload waits; it goes on when the save is done."""
+    storage = RunStorage(str(tmp_path / "run"), retry=FAST_RETRY)
+    chunks: list[float] = []
+    uploader: Uploader
+
+    def commit(staged: Path, name: str, manifest: Manifest) -> Any:
+        def between_chunks() -> None:
+            chunks.append(time.monotonic())
+            uploader.between_chunks()
+
+        return storage.commit(staged, name, manifest, between_chunks=between_chunks)
+
+    uploader = Uploader(storage, commit=commit)
+    folder, name, manifest = stage(tmp_path, 1, size=3 * CHUNK_SIZE)  # three chunks
+    with uploader.paused():
+        uploader.submit(folder, name, manifest)
+        time.sleep(0.5)
+        assert uploader.in_progress(name) and len(chunks) == 1  # held before its first chunk
+        assert committed(storage) == []
+        # the caller's own commits never wait, paused or not (synchronous saves run in its thread)
+        other = stage(tmp_path, 2, size=3 * CHUNK_SIZE)
+        assert storage.commit(*other, between_chunks=uploader.between_chunks).ok
+        released = time.monotonic()
+    assert uploader.wait(30)
+    assert committed(storage) == ["ckpt-000001", "ckpt-000002"]
+    assert len(chunks) == 3 + 1  # three chunks of model.keras, one of state.json
+    assert chunks[1] >= released  # the second chunk went only after the pause
+
+
+def test_a_verbose_callback_shows_upload_progress(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    import keras
+
+    import resumable
+
+    model = keras.Sequential([keras.Input((1024,)), keras.layers.Dense(1024), keras.layers.Dense(1)])
+    model.compile(optimizer="adam", loss="mse")  # 4 MB of weights, 12 MB with Adam's slots
+    x, y = np.zeros((8, 1024), "float32"), np.zeros((8, 1), "float32")
+    checkpoint = resumable.CheckpointCallback(
+        str(tmp_path / "run"), staging_dir=tmp_path / "stage", verbose=1)
+    model.fit(x, y, epochs=1, verbose=0, callbacks=[checkpoint])
+    err = capfd.readouterr().err
+    assert "resumable: upload model.keras" in err and "B/s" in err

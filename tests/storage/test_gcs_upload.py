@@ -1,0 +1,199 @@
+"""Big files to GCS: one streamed request per file, on the real fake-gcs-server; no Keras."""
+
+from __future__ import annotations
+
+import errno
+import math
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from fake_gcs import fake_gcs_server, point_gcs_clients_at, server_process
+from paths import ROOT
+
+from resumable import RunStorage, Status
+from resumable.core.errors import StorageError
+from resumable.core.manifest import Manifest
+from resumable.manager.uploader import Uploader
+from resumable.storage import STREAM_MIN_BYTES
+from resumable.storage.gcs_upload import PIECE_SIZE
+from resumable.storage.retry import RetryPolicy
+
+FAST_RETRY = RetryPolicy(attempts=3, initial_delay=0.01, max_delay=0.01)
+BIG = STREAM_MIN_BYTES + 12345  # not a whole number of pieces
+
+
+def stage(root: Path, epoch: int, size: int = BIG) -> tuple[Path, str, Manifest, bytes]:
+    name = f"ckpt-{epoch:06d}"
+    folder = root / "staging" / name
+    folder.mkdir(parents=True)
+    payload = os.urandom(size)
+    (folder / "model.keras").write_bytes(payload)
+    return folder, name, Manifest(epoch=epoch, step=epoch * 10), payload
+
+
+class Pieces:
+    """A ``between_chunks`` that records each piece; from piece ``fail_at`` on, fails ``failures`` times."""
+
+    def __init__(self, fail_at: int | None = None, failures: int = 1) -> None:
+        self.times: list[float] = []
+        self.fail_at = fail_at
+        self.failures = failures
+
+    def __call__(self) -> None:
+        self.times.append(time.monotonic())
+        if self.fail_at is not None and len(self.times) >= self.fail_at and self.failures:
+            self.failures -= 1
+            raise OSError(errno.EIO, "Input/output error (injected)")
+
+
+@pytest.mark.parametrize("size", [STREAM_MIN_BYTES, BIG])
+def test_a_big_file_goes_up_streamed_and_checks_out(gcs_bucket: str, tmp_path: Path, size: int) -> None:
+    storage = RunStorage(f"{gcs_bucket}/run")
+    folder, name, manifest, payload = stage(tmp_path, 1, size)
+    pieces = Pieces()
+    info = storage.commit(folder, name, manifest, between_chunks=pieces)
+    assert info.ok and storage.verify(name) == []
+    assert len(pieces.times) == math.ceil(size / PIECE_SIZE)  # a hold is possible before each piece
+    assert storage.fs.cat(f"{storage.root}/{name}/model.keras") == payload
+
+
+def test_the_hold_stops_a_big_upload_between_two_pieces(gcs_bucket: str, tmp_path: Path) -> None:
+    """A save that starts while a big file is half sent holds it until the save is done."""
+    storage = RunStorage(f"{gcs_bucket}/run", retry=FAST_RETRY)
+    reached, holding = threading.Event(), threading.Event()
+    pieces: list[float] = []
+    uploader: Uploader
+
+    def between_chunks() -> None:
+        pieces.append(time.monotonic())
+        if len(pieces) == 3:  # two pieces are on their way: the request is open
+            reached.set()
+            assert holding.wait(30)
+        uploader.between_chunks()
+
+    uploader = Uploader(storage, commit=lambda *job: storage.commit(*job, between_chunks=between_chunks))
+    folder, name, manifest, payload = stage(tmp_path, 1)
+    uploader.submit(folder, name, manifest)
+    assert reached.wait(30)
+    with uploader.paused():
+        holding.set()
+        time.sleep(0.5)
+        assert len(pieces) == 3 and uploader.in_progress(name)
+        released = time.monotonic()
+    assert uploader.wait(60)
+    assert pieces[3] >= released  # the fourth piece went only after the save
+    assert len(pieces) == math.ceil(BIG / PIECE_SIZE)
+    assert storage.verify(name) == []
+    assert storage.fs.cat(f"{storage.root}/{name}/model.keras") == payload
+
+
+def test_an_upload_failing_midway_is_sent_again_whole(gcs_bucket: str, tmp_path: Path) -> None:
+    storage = RunStorage(f"{gcs_bucket}/run", retry=FAST_RETRY)
+    folder, name, manifest, payload = stage(tmp_path, 1)
+    pieces = Pieces(fail_at=3)
+    assert storage.commit(folder, name, manifest, between_chunks=pieces).ok
+    assert len(pieces.times) == 3 + math.ceil(BIG / PIECE_SIZE)  # 2 sent, the 3rd failed, then all
+    assert storage.verify(name) == []
+    assert storage.fs.cat(f"{storage.root}/{name}/model.keras") == payload
+
+
+def test_an_upload_that_keeps_failing_leaves_no_object_and_keeps_nothing_half_sent(
+    gcs_bucket: str, tmp_path: Path
+) -> None:
+    storage = RunStorage(f"{gcs_bucket}/run", retry=FAST_RETRY)
+    folder, name, manifest, _ = stage(tmp_path, 1)
+    with pytest.raises(StorageError, match="Input/output error") as caught:
+        storage.commit(folder, name, manifest, between_chunks=Pieces(fail_at=3, failures=99))
+    assert "\n" not in str(caught.value)
+    storage.fs.invalidate_cache()
+    assert not storage.fs.exists(f"{storage.root}/{name}/model.keras")  # unfinished sessions show nothing
+    assert storage.list() == []
+    assert folder.is_dir()  # the local copy is kept for the next try
+
+
+def test_the_server_going_away_midway_is_one_clear_error(tmp_path: Path) -> None:
+    """A real connection cut: the emulator is killed while the request streams."""
+    saved = os.environ.get("STORAGE_EMULATOR_HOST")
+    try:
+        with fake_gcs_server() as endpoint:
+            point_gcs_clients_at(endpoint)
+            import gcsfs
+
+            gcsfs.GCSFileSystem.clear_instance_cache()
+            gcsfs.GCSFileSystem(token="anon").mkdir("doomed")
+            storage = RunStorage("gs://doomed/run", retry=FAST_RETRY)
+            folder, name, manifest, _ = stage(tmp_path, 1)
+            killed = []
+
+            def between_chunks() -> None:
+                killed.append(1)
+                if len(killed) == 3:
+                    server_process(endpoint).kill()
+
+            started = time.monotonic()
+            with pytest.raises(StorageError) as caught:
+                storage.commit(folder, name, manifest, between_chunks=between_chunks)
+            message = str(caught.value)
+            assert "\n" not in message and "gs://doomed/run" in message
+            assert time.monotonic() - started < 60
+            assert folder.is_dir()
+    finally:
+        if saved is not None:
+            point_gcs_clients_at(saved)
+        import gcsfs
+
+        gcsfs.GCSFileSystem.clear_instance_cache()
+
+
+def test_a_verbose_big_upload_shows_its_progress(
+    gcs_bucket: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    storage = RunStorage(f"{gcs_bucket}/run")
+    folder, name, manifest, _ = stage(tmp_path, 1)
+    storage.commit(folder, name, manifest, progress=True)
+    err = capsys.readouterr().err
+    assert "resumable: upload model.keras" in err and "B/s" in err
+
+
+KILLED_SCRIPT = """
+import os, signal, sys
+from pathlib import Path
+from resumable import Manifest, RunStorage
+
+url, staged = sys.argv[1], Path(sys.argv[2])
+pieces = []
+
+def between_chunks():
+    pieces.append(1)
+    if len(pieces) == 3:
+        print("killing", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+RunStorage(url).commit(staged, "ckpt-000002", Manifest(epoch=2), between_chunks=between_chunks)
+"""
+
+
+def test_a_process_killed_midway_through_a_big_upload_leaves_the_latest_intact(
+    gcs_bucket: str, tmp_path: Path
+) -> None:
+    url = f"{gcs_bucket}/run"
+    storage = RunStorage(url)
+    first = stage(tmp_path, 1)
+    storage.commit(*first[:3])
+    second = stage(tmp_path, 2)
+    env = dict(os.environ, GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT="false",
+               PYTHONPATH=str(ROOT))
+    done = subprocess.run([sys.executable, "-c", KILLED_SCRIPT, url, str(second[0])], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == -signal.SIGKILL and "killing" in done.stdout, done.stderr
+    storage = RunStorage(url)
+    assert [(info.name, info.status) for info in storage.list()] == [("ckpt-000001", Status.OK)]
+    assert storage.latest().name == "ckpt-000001" and storage.verify("ckpt-000001") == []
+    assert storage.commit(*second[:3]).ok  # the same name goes up again
+    assert storage.fs.cat(f"{storage.root}/ckpt-000002/model.keras") == second[3]

@@ -1,0 +1,161 @@
+"""The run index's entries: what `resumable list` reads instead of every manifest."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any
+
+import pytest
+from paths import ROOT
+
+from resumable.core.manifest import FileEntry, Manifest
+from resumable.storage import run_index
+
+
+def test_an_entry_gives_back_the_listing_part_of_its_manifest() -> None:
+    manifest = Manifest(
+        epoch=7, step=700, batch=3, created="2026-11-22T08:00:00+00:00",
+        files={"model.keras": FileEntry(1234, "0a1b2c3d"), "assets/v.txt": FileEntry(4, "deadbeef")},
+        metrics={"loss": 0.25, "val_loss": math.nan, "acc": float("inf")},
+        versions={"keras": "3.15.1"},
+        state={"monitor": "val_loss", "mode": "min", "best": 0.2, "callbacks": {}},
+    )
+    blob = run_index.encode({"ckpt-000007": run_index.entry(manifest, 612)})
+    decoded = run_index.decode(blob)
+    listed, size = run_index.manifest_of(decoded["ckpt-000007"])
+    assert size == 612
+    assert (listed.epoch, listed.step, listed.batch, listed.created, listed.files) == (
+        manifest.epoch, manifest.step, manifest.batch, manifest.created, manifest.files)
+    assert all(type(e) is FileEntry for e in listed.files.values())
+    assert listed.metrics["loss"] == 0.25 and math.isnan(listed.metrics["val_loss"])
+    assert math.isnan(listed.metrics["acc"])  # JSON has no inf: null, read back as NaN
+    assert listed.state == {"monitor": "val_loss", "mode": "min"}  # only what ranks checkpoints
+    assert listed.versions == {}
+    assert json.loads(blob)["format_version"] == run_index.INDEX_VERSION
+    [row] = run_index.listing(blob)
+    assert (row[0], row[5]) == ("ckpt-000007", 612)
+    assert repr(run_index.manifest_of_row(row)) == repr(listed)  # NaN != NaN: compare the text
+    assert math.isnan(row[7]["val_loss"])  # the row's own metrics are floats too (null: NaN)
+
+
+def test_the_index_is_stored_a_column_at_a_time_in_name_order() -> None:
+    entries = {f"ckpt-{e:06d}": run_index.entry(Manifest(epoch=e, step=10 * e, created=f"t{e}"), 100 + e)
+               for e in (3, 1, 2)}
+    raw = json.loads(run_index.encode(entries))
+    assert raw["names"] == ["ckpt-000001", "ckpt-000002", "ckpt-000003"]
+    assert raw["epoch"] == [1, 2, 3] and raw["step"] == [10, 20, 30]
+    assert raw["manifest_size"] == [101, 102, 103]
+    assert set(raw) == {"format", "format_version", *run_index.COLUMNS}
+    assert run_index.decode(run_index.encode(entries)) == entries
+    rows = run_index.listing(run_index.encode(entries))
+    assert [(r[0], run_index.manifest_of_row(r).epoch, r[5]) for r in rows] == [
+        ("ckpt-000001", 1, 101), ("ckpt-000002", 2, 102), ("ckpt-000003", 3, 103)]
+
+
+def good_entry() -> dict[str, Any]:
+    return run_index.entry(Manifest(epoch=1, files={"a": FileEntry(1, "00000000")}, created="x"), 100)
+
+
+DAMAGES = [
+    {"epoch": "1"}, {"epoch": True}, {"step": None}, {"manifest_size": 1.5}, {"manifest_size": True},
+    {"files": {"a": [1]}}, {"files": {"a": ["1", "00000000"]}}, {"files": []}, {"metrics": {"loss": "low"}},
+    {"metrics": []}, {"metrics": {"loss": [1]}}, {"created": 5}, {"state": {"monitor": 1}},
+    {"state": {"best": 0.5}}, {"state": []},
+]
+
+
+@pytest.mark.parametrize("damage", DAMAGES)
+def test_a_bad_entry_is_refused_not_half_read(damage: dict[str, Any]) -> None:
+    entry = {**good_entry(), **damage}
+    with pytest.raises((KeyError, TypeError, ValueError, AttributeError)):
+        run_index.manifest_of(entry)
+
+
+@pytest.mark.parametrize("damage", DAMAGES)
+def test_listing_leaves_out_a_bad_entry_and_keeps_the_others(damage: dict[str, Any]) -> None:
+    """That folder's own manifest decides; its neighbours still come from the index."""
+    entries = {"ckpt-000001": good_entry(), "ckpt-000002": {**good_entry(), **damage},
+               "ckpt-000003": good_entry()}
+    blob = json.dumps(json.loads(run_index.encode(entries))).encode()  # as a hand edit would leave it
+    assert [row[0] for row in run_index.listing(blob)] == ["ckpt-000001", "ckpt-000003"]
+
+
+@pytest.mark.parametrize("damage", DAMAGES + [{"metrics": {"loss": 1}}])
+def test_the_column_check_sends_every_damage_to_the_row_by_row_check(damage: dict[str, Any]) -> None:
+    """Rows that pass the fast check are never built by `manifest_of_row` into an error later."""
+    good = json.loads(run_index.encode({"ckpt-000001": good_entry(), "ckpt-000002": good_entry()}))
+    assert run_index._checked_by_columns([good[key] for key in run_index.COLUMNS]) is not None
+    damaged = json.loads(run_index.encode({"ckpt-000001": good_entry(),
+                                           "ckpt-000002": {**good_entry(), **damage}}))
+    assert run_index._checked_by_columns([damaged[key] for key in run_index.COLUMNS]) is None
+
+
+def test_rows_of_the_fast_and_the_row_by_row_check_build_the_same_manifests() -> None:
+    entries = {f"ckpt-{e:06d}": run_index.entry(Manifest(
+        epoch=e, step=e, files={"m.h5": FileEntry(e, "0000000a")}, metrics={"loss": 1 / e},
+        created="2026-11-22T08:00:00+00:00", state={"monitor": "loss"}), 90) for e in (1, 2, 3)}
+    fast = run_index.listing(run_index.encode(entries))
+    entries["ckpt-000004"] = {**good_entry(), "metrics": {"loss": 1}}  # hand-made: the row-by-row path
+    slow = run_index.listing(run_index.encode(entries))
+    assert fast == slow[:3]
+    assert [repr(run_index.manifest_of_row(r)) for r in fast] == [
+        repr(run_index.manifest_of_row(r)) for r in slow[:3]]
+    assert slow[3][7] == {"loss": 1.0} and type(slow[3][7]["loss"]) is float
+
+
+def test_a_nan_metric_keeps_the_column_check_and_reads_back_as_nan() -> None:
+    """A diverged epoch (loss NaN, stored as null) is common: it must not slow the whole listing."""
+    entries = {f"ckpt-{e:06d}": run_index.entry(Manifest(epoch=e, metrics={"loss": loss, "acc": 0.5}), 90)
+               for e, loss in ((1, 0.5), (2, math.nan), (3, math.inf))}
+    raw = json.loads(run_index.encode(entries))
+    assert raw["metrics"][1] == {"loss": None, "acc": 0.5}
+    assert run_index._checked_by_columns([raw[key] for key in run_index.COLUMNS]) is not None
+    rows = run_index.listing(run_index.encode(entries))
+    assert rows[0][7] == {"loss": 0.5, "acc": 0.5}
+    assert [math.isnan(r[7]["loss"]) for r in rows] == [False, True, True]
+    assert all(type(v) is float for r in rows for v in r[7].values())
+    assert math.isnan(run_index.manifest_of_row(rows[1]).metrics["loss"])
+
+
+def test_a_hand_made_integer_metric_reads_back_as_a_float() -> None:
+    manifest, _ = run_index.manifest_of({**good_entry(), "metrics": {"loss": 0.5, "epochs_seen": 3}})
+    assert manifest.metrics == {"loss": 0.5, "epochs_seen": 3.0}
+    assert all(type(v) is float for v in manifest.metrics.values())
+
+
+def columns(**change: Any) -> bytes:
+    raw = json.loads(run_index.encode({"ckpt-000001": good_entry(), "ckpt-000002": good_entry()}))
+    return json.dumps({**raw, **change}).encode()
+
+
+@pytest.mark.parametrize("blob", [
+    None, b"", b"not json", b"[]", b'{"format":"other"}',
+    b'{"format":"resumable.index","format_version":1,"checkpoints":{"a":{"manifest":{}}}}',
+    b'{"format":"resumable.index","format_version":2,"checkpoints":{"a":{"epoch":1,"step":0,"batch":0,'
+    b'"created":"","metrics":{},"files":{},"manifest_size":9}}}',  # the layout of version 2: one object each
+    columns(format_version=4),
+    columns(epoch=[1]),  # a column shorter than the names: no row can be trusted to line up
+    columns(names={"ckpt-000001": 1}),
+    columns(metrics=None),
+])
+def test_an_unusable_index_decodes_to_nothing(blob: bytes | None) -> None:
+    assert run_index.decode(blob) == {}
+    assert run_index.listing(blob) == []
+
+
+def test_a_good_index_of_the_same_shape_decodes() -> None:
+    """The blobs above are refused for what they change, not for how they are built."""
+    assert sorted(run_index.decode(columns())) == ["ckpt-000001", "ckpt-000002"]
+    assert len(run_index.listing(columns())) == 2
+
+
+def test_the_example_in_the_format_docs_is_an_index_this_version_reads() -> None:
+    text = (ROOT / "docs" / "format.md").read_text()
+    example = re.search(r'```json\n(\{"format":"resumable\.index".*?)```', text, re.S)
+    assert example is not None
+    listed = run_index.listing(example.group(1).encode())
+    manifests = [(row[0], run_index.manifest_of_row(row)) for row in listed]
+    assert [(name, manifest.epoch, manifest.state["monitor"]) for name, manifest in manifests] == [
+        ("ckpt-000001", 1, "val_loss"), ("ckpt-000002", 2, "val_loss")]
