@@ -30,9 +30,10 @@ from typing import Any, NoReturn, TypeVar
 from resumable.core.display import format_columns, format_table, human_size, utc_time, utc_times
 from resumable.core.errors import CheckpointNotFoundError, LeaseHeldError, ResumableError, RunNotFoundError
 from resumable.core.manifest import MANIFEST_NAME
-from resumable.core.policy import Decision, Retention, best_one, plan, resolve_mode
+from resumable.core.policy import Decision, Retention, best_one, resolve_mode
+from resumable.manager.run_manager import RunManager
 from resumable.storage import CheckpointInfo, RunStorage, Status
-from resumable.storage.lease import Lease, read_lease
+from resumable.storage.lease import read_lease
 
 EXIT_OK = 0
 EXIT_VERIFY_FAILED = 1
@@ -421,7 +422,8 @@ def _cmd_prune(args: argparse.Namespace) -> int:
         value = getattr(args, option)
         if value is not None and value < 1:
             raise UsageError(f"--{option.replace('_', '-')} must be >= 1, got {value}")
-    storage, infos = _load(args.url)
+    manager = RunManager(args.url)
+    storage, infos = _load(manager.storage)
     recorded = _metric_names(infos)
     ranking = _ranking(infos, args.monitor, args.mode, recorded)
     if args.keep_best and ranking.monitor is None:
@@ -434,18 +436,16 @@ def _cmd_prune(args: argparse.Namespace) -> int:
         mode=ranking.mode,
         keep_every=args.keep_every,
     )
-    decisions = plan(infos, retention)
-    doomed = [info for info, d in zip(infos, decisions, strict=True) if not d.keep]
-    freed = sum(i.size for i in doomed)
+    pruning = manager.plan_pruning(retention, checkpoints=infos)
+    decisions, doomed, freed = pruning.decisions, pruning.doomed, pruning.freed
     if not args.json:
         _print_plan(infos, decisions, ranking)
     if doomed and not args.dry_run:
         if not _confirmed(args.yes, f"delete {_count(doomed)} ({human_size(freed)}) from {storage.url}?"):
             _out("aborted: nothing deleted")
             return EXIT_OK
-        with _writer_lease(storage, args.force):
-            for info in _progress(doomed, len(doomed), "deleting", unit="ckpt"):
-                storage.delete(info)
+        with _writer_lease(manager, args.force):
+            manager.prune(doomed, progress=lambda some: _progress(some, len(some), "deleting", unit="ckpt"))
     if args.json:
         _print_json({
             "url": storage.url,
@@ -474,31 +474,25 @@ def _cmd_prune(args: argparse.Namespace) -> int:
 
 
 @contextlib.contextmanager
-def _writer_lease(storage: RunStorage, force: bool) -> Iterator[None]:
+def _writer_lease(manager: RunManager, force: bool) -> Iterator[None]:
     """Hold the run's writer lease while deleting, so no training process commits meanwhile.
 
     A live writer's own retention prunes its run; deleting under it could remove the checkpoint
     it is about to build on. ``--force`` deletes anyway, without taking its lease away.
     """
-    lease = Lease(storage)
     try:
-        lease.acquire()
+        with manager.writing(force=force) as other_writer:
+            if not manager.lease.held:
+                who = other_writer.describe() if other_writer else "another process"
+                print(f"warning: deleting while {who} writes this run", file=sys.stderr)
+            yield
     except LeaseHeldError:
-        holder = read_lease(storage)
-        if not force:
-            who = holder.describe() if holder else "another process"
-            raise UsageError(
-                f"{storage.url} is being written by {who}; its callback prunes it. Stop that training "
-                "first, or pass --force to delete anyway"
-            ) from None
+        holder = read_lease(manager.storage)
         who = holder.describe() if holder else "another process"
-        print(f"warning: deleting while {who} writes this run", file=sys.stderr)
-        yield
-        return
-    try:
-        yield
-    finally:
-        lease.release()
+        raise UsageError(
+            f"{manager.url} is being written by {who}; its callback prunes it. Stop that training "
+            "first, or pass --force to delete anyway"
+        ) from None
 
 
 def _print_plan(infos: Sequence[CheckpointInfo], decisions: Sequence[Decision], ranking: _Ranking) -> None:
@@ -553,9 +547,9 @@ _SUBCOMMANDS: tuple[tuple[str, tuple[str, ...], Callable[[argparse.Namespace], i
 # ------------------------------------------------------------------ shared
 
 
-def _load(url: str, check_files: bool = True) -> tuple[RunStorage, list[CheckpointInfo]]:
+def _load(url: str | RunStorage, check_files: bool = True) -> tuple[RunStorage, list[CheckpointInfo]]:
     """Open a run folder and list it; a folder that does not exist is an error, an empty one is not."""
-    storage = RunStorage(url)
+    storage = url if isinstance(url, RunStorage) else RunStorage(url)
     infos = storage.list(check_files=check_files)
     if not infos and not storage.exists():  # only an empty listing pays for the second look
         raise RunNotFoundError(f"{storage.url}: not found; check the path and that the folder exists")

@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import datetime
 import functools
-import hashlib
 import inspect
 import logging
 import math
-import shutil
 import signal
 import sys
-import tempfile
 import threading
 import time
 import warnings
@@ -22,15 +19,15 @@ from typing import Any, TypeVar, cast
 import keras
 
 from resumable.core.display import human_size
-from resumable.core.errors import CheckpointExistsError, LeaseLostError, ResumableError
+from resumable.core.errors import ResumableError
 from resumable.core.manifest import Manifest
 from resumable.core.naming import DEFAULT_TEMPLATE
-from resumable.core.policy import Retention, is_better, plan, resolve_mode
+from resumable.core.policy import Retention, is_better, resolve_mode
 from resumable.keras import keras_io, notebook
-from resumable.manager.uploader import Uploader
+from resumable.manager.run_manager import RunManager
 from resumable.storage import CheckpointInfo, RunStorage
 from resumable.storage.errors import NO_SPACE_ERRNOS, free_space
-from resumable.storage.lease import DEFAULT_TIMEOUT, Lease, check_timeout, read_lease
+from resumable.storage.lease import DEFAULT_TIMEOUT, check_timeout
 
 logger = logging.getLogger("resumable")
 
@@ -176,23 +173,20 @@ class CheckpointCallback(keras.callbacks.Callback):
         self.save_weights_only = bool(save_weights_only)
         self.save_freq = save_freq
         self.verbose = int(verbose)
-        self.storage = RunStorage(self.filepath, filename=filename, storage_options=storage_options)
-        self.staging_dir = Path(staging_dir) if staging_dir else default_staging_dir(self.storage.url)
-        # One writer per run folder; at interpreter exit the last uploads land before it is released.
-        self.lease = Lease(self.storage, timeout=lease_seconds, before_exit=self._finish_uploads_at_exit)
-        # The newest committed checkpoint's files stay in staging_dir/committed; resume() does not
-        # read them (it checks the run folder's copy), they are a local copy to recover by hand.
-        self.uploader = Uploader(self.storage, commit=self._commit, on_commit=self._committed,
-                                 cache_dir=self.staging_dir / "committed", verbose=bool(verbose))
+        # Lease, staging, uploads, commits and retention: this callback only decides when to save.
+        self.manager = RunManager(
+            self.filepath, filename=filename, storage_options=storage_options, staging_dir=staging_dir,
+            retention=self.retention, lease_timeout=lease_seconds, takeover=takeover,
+            async_upload=async_upload, verbose=bool(verbose), process_index=keras_io.process_index(),
+        )
+        self.manager.on_commit = self._committed
         self.best: float | None = None if initial_value_threshold is None else float(initial_value_threshold)
         self.history: list[dict[str, float]] = []  # per-epoch logs of every epoch of the run
         self.epochs_done = 0
         self.stopped_early = False
-        self.last_checkpoint: CheckpointInfo | None = None
         self.strategy: Any = None
         self.callbacks: list[keras.callbacks.Callback] | None = None  # the fit's callbacks, set by Run.fit
         self._restored: CheckpointInfo | None = None
-        self._damaged: set[str] = set()  # newer checkpoints resume() found corrupt and skipped
         self._pending_restore: dict[str, Any] | None = None
         self._pending_arrays: dict[str, Any] = {}
         self._pending_save: dict[str, Any] | None = None  # the epoch's logs dict, shared by all callbacks
@@ -224,6 +218,21 @@ class CheckpointCallback(keras.callbacks.Callback):
             f"epochs_done={self.epochs_done})"
         )
 
+    @property
+    def storage(self) -> RunStorage:
+        """The run folder."""
+        return self.manager.storage
+
+    @property
+    def staging_dir(self) -> Path:
+        """The local folder for staging and the download cache."""
+        return self.manager.staging_dir
+
+    @property
+    def last_checkpoint(self) -> CheckpointInfo | None:
+        """The newest checkpoint this run committed or resumed from."""
+        return self.manager.last_checkpoint
+
     # ------------------------------------------------------------------ restoring (used by resume)
 
     def restore(self, checkpoint: CheckpointInfo, state: dict[str, Any], arrays: dict[str, Any],
@@ -235,8 +244,8 @@ class CheckpointCallback(keras.callbacks.Callback):
         manifest = checkpoint.manifest
         assert manifest is not None
         self._restored = checkpoint
-        self._damaged = set(damaged or ())
-        self.last_checkpoint = checkpoint
+        self.manager.damaged = set(damaged or ())
+        self.manager.last_checkpoint = checkpoint
         self.epochs_done = manifest.epoch
         best = state.get("best")
         self.best = None if best is None else float(best)
@@ -277,7 +286,7 @@ class CheckpointCallback(keras.callbacks.Callback):
 
     def restore_nothing(self, damaged: set[str]) -> None:
         """A new run in a folder whose only checkpoints are damaged: training replaces them."""
-        self._damaged = set(damaged)
+        self.manager.damaged = set(damaged)
 
     # ------------------------------------------------------------------ Keras hooks
 
@@ -289,7 +298,7 @@ class CheckpointCallback(keras.callbacks.Callback):
         self._in_epoch = False
         self._last_save_time = time.monotonic()  # timed saves count training time only
         if self._chief():
-            self._take_lease()
+            self.manager.acquire()
             try:
                 self._check_run_folder()
             except BaseException:
@@ -324,7 +333,7 @@ class CheckpointCallback(keras.callbacks.Callback):
         self._batch_in_epoch = self._batch_offset + batch + 1
         self._add_resumed_metrics()
         self._stop_if_asked()
-        self.lease.check()  # taken over by another process (found by a renewal): stop training
+        self.manager.check_lease()  # taken over by another process (found by a renewal): stop training
         steps = (self.params or {}).get("steps")
         if steps is not None and batch + 1 >= steps:
             return  # the epoch-end save follows
@@ -370,13 +379,8 @@ class CheckpointCallback(keras.callbacks.Callback):
 
     def warn_if_leased(self) -> None:
         """Warn at once when another live process writes the run folder (`resume`: fit would stop)."""
-        if self.takeover:
-            return
-        try:
-            holder = read_lease(self.storage)
-        except ResumableError:
-            return  # reading the checkpoints will say what is wrong with the folder
-        if holder is not None and holder.blocks():
+        holder = self.manager.blocking_writer()
+        if holder is not None:
             warnings.warn(
                 f"resumable: {self.filepath} is being written by another process ({holder.describe()}); "
                 "run.fit will stop with LeaseHeldError unless that process stops or you pass takeover=True",
@@ -385,40 +389,22 @@ class CheckpointCallback(keras.callbacks.Callback):
 
     def release_lease(self) -> None:
         """Give the run folder's writer lease back (at train end; `Run.fit` after an exception)."""
-        self.lease.release()
+        self.manager.release()
 
     def _end_after_error(self) -> None:
-        try:
-            self.uploader.wait(message=False)
-        except Exception as e:  # noqa: BLE001 - the error that ends the fit matters more
-            logger.warning("resumable: %s", e)
-        except KeyboardInterrupt:
-            # Stopped while waiting: an upload may still be committing, so the lease stays held
-            # (and renewed) until the next fit or the process' exit, rather than let a second
-            # writer in under that commit.
-            logger.warning("resumable: stopped waiting for the uploads; the writer lease of %s stays held",
-                           self.storage.url)
-            raise
-        self.release_lease()
+        self.manager.finish(quiet=True)
 
     def _after_the_cell(self) -> None:
         """The notebook cell that ran this fit has ended: if an exception ended the fit (Keras
         then calls no on_train_end), land the uploads and give the lease back, as run.fit does."""
         self._cell_watched = False
-        if not (self.lease.held and self._fit_in_main_thread):
+        if not (self.manager.lease.held and self._fit_in_main_thread):
             return  # on_train_end or run.fit gave it back; or a fit in another thread still runs
-        pending = self.uploader.pending
+        pending = self.manager.pending
         if pending:
             print(f"resumable: model.fit was interrupted; finishing the upload of {', '.join(pending)} to "
                   f"{self.storage.url} ...", file=sys.stderr, flush=True)
         self._end_after_error()
-
-    def _finish_uploads_at_exit(self) -> None:
-        pending = self.uploader.pending
-        if pending:
-            print(f"resumable: finishing the upload of {', '.join(pending)} to {self.storage.url} before "
-                  "exiting ...", file=sys.stderr, flush=True)
-            self.uploader.wait(message=False)
 
     def wait_for_uploads(self, timeout: float | None = None) -> bool:
         """Block until the checkpoints saved so far are committed (or ``timeout`` seconds pass).
@@ -427,7 +413,7 @@ class CheckpointCallback(keras.callbacks.Callback):
         checkpoint could not be committed; its local copy is kept and the next save retries.
         Returns False on timeout.
         """
-        return self.uploader.wait(timeout)
+        return self.manager.wait(timeout)
 
     def save_interrupted(self) -> str | None:
         """Save where an interrupted fit stands: a mid-epoch checkpoint at the batch reached.
@@ -526,29 +512,24 @@ class CheckpointCallback(keras.callbacks.Callback):
         self._last_save_time = time.monotonic()
         if not self._chief():
             return
-        self.lease.check()
         started = time.monotonic()
         name = self.storage.template.format(epoch, step, logs, mid_epoch=batch > 0)
         logger.info("resumable: saving %s", name)
-        staging = self.staging_dir / "staging" / name
-        if self.uploader.in_progress(name):
-            self.uploader.wait()  # the same name again (a re-run epoch): never rewrite files in flight
-        shutil.rmtree(staging, ignore_errors=True)
+        staging = self.manager.stage(name)
         callback_states, arrays = keras_io.callback_states(self._siblings)
         state = self._state(callback_states, step, batch)
         if batch:
             self._add_resumed_metrics()
             state["epoch_rng"] = self._epoch_rng
             arrays.update(keras_io.metric_arrays(self.model))
-        self.uploader.drop_cached()  # the local copy of the last checkpoint: this save replaces it
         try:
-            with self.uploader.paused():  # the upload in flight waits: it would slow this save down
+            with self.manager.serializing():
                 keras_io.save(self.model, staging, weights_only=self.save_weights_only, state=state,
                               arrays=arrays)
         except OSError as e:
             if e.errno not in NO_SPACE_ERRNOS:
                 raise
-            shutil.rmtree(staging, ignore_errors=True)  # half a checkpoint would only hold the space
+            self.manager.discard(staging)  # half a checkpoint would only hold the space
             self._last_save_time = time.monotonic()
             warnings.warn(f"resumable: {_no_staging_space(self.staging_dir, name, self.last_checkpoint)}",
                           stacklevel=2)
@@ -560,47 +541,18 @@ class CheckpointCallback(keras.callbacks.Callback):
             state=self._summary(callback_states), processes=processes, devices=devices,
         )
         self._save_started = started
+        self.manager.submit(staging, name, manifest)
         if self.async_upload:
-            self.uploader.submit(staging, name, manifest)
             logger.info("resumable: staged %s in %.2f s; uploading in the background", name,
                         time.monotonic() - started)
-        else:
-            self.uploader.commit_now(staging, name, manifest)
         self._last_save_time = time.monotonic()  # the interval counts training, not saving
 
     def _committed(self, info: CheckpointInfo) -> None:
-        """After each commit, in the uploader's thread when uploading in the background."""
-        self.last_checkpoint = info
-        logger.info("resumable: saved %s", info.url)
-        self._apply_retention()
+        """After each commit and its retention (in the uploader's thread when uploading in the background)."""
         if self.verbose:
             size = info.manifest.total_size if info.manifest else 0
             print(f"\nEpoch {info.epoch}: saved {info.url} ({human_size(size)}, "
                   f"{time.monotonic() - self._save_started:.1f} s)")
-
-    def _commit(self, staging: Path, name: str, manifest: Manifest) -> CheckpointInfo:
-        if self.lease.held or self.lease.lost:
-            try:
-                self.lease.renew()  # a fresh check that the run is still ours, just before writing
-            except LeaseLostError:
-                raise
-            except ResumableError as e:  # the storage failed: the commit will say how, if it fails too
-                logger.warning("resumable: could not renew the writer lease before committing %s: %s",
-                               name, e)
-        try:
-            return self._commit_files(staging, name, manifest)
-        except CheckpointExistsError:
-            # Only a checkpoint resume() found damaged may be replaced, and only if it still is.
-            if name not in self._damaged or not self.storage.verify(name):
-                raise
-        logger.warning("resumable: replacing damaged checkpoint %s", name)
-        self.storage.delete(name)
-        self._damaged.discard(name)
-        return self._commit_files(staging, name, manifest)
-
-    def _commit_files(self, staging: Path, name: str, manifest: Manifest) -> CheckpointInfo:
-        return self.storage.commit(staging, name, manifest, progress=bool(self.verbose),
-                                   between_chunks=self.uploader.between_chunks)
 
     def _state(self, callback_states: dict[str, Any], step: int, batch: int) -> dict[str, Any]:
         return {
@@ -632,67 +584,17 @@ class CheckpointCallback(keras.callbacks.Callback):
             "callbacks": callback_states,
         })
 
-    def _apply_retention(self) -> None:
-        """Delete what retention drops; a failed delete only costs space, so it does not stop training."""
-        if self.lease.lost:
-            return  # the run is another process's now: never delete its checkpoints
-        try:
-            decisions = plan(self.storage.list(), self.retention)
-        except ResumableError as e:
-            logger.warning("resumable: retention skipped: %s", e)
-            return
-        for decision in decisions:
-            if decision.keep or (self.last_checkpoint and decision.name == self.last_checkpoint.name):
-                continue
-            try:
-                self.storage.delete(decision.name)
-            except ResumableError as e:
-                logger.warning("resumable: could not delete %s: %s", decision.name, e)
-
     # ------------------------------------------------------------------ checks
 
     def _chief(self) -> bool:
         return keras_io.is_chief(self.model, self.strategy)
 
-    def _take_lease(self) -> None:
-        """Become the run folder's only writer (LeaseHeldError naming the holder), renewed until train end."""
-        self.lease.acquire(takeover=self.takeover)
-        self.lease.start_renewing()
-
     def _check_run_folder(self) -> None:
         """Refuse to mix a new training run into a folder that already holds one."""
-        latest = next((c for c in self.storage.newest_first() if c.name not in self._damaged), None)
-        if latest is None:
-            return
-        if self._restored is not None and latest.name == self._restored.name:
-            return
-        if self.last_checkpoint is not None and latest.name == self.last_checkpoint.name:
-            return  # a second fit in the same session
-        if self._restored is None and latest.step == keras_io.iterations(self.model) and latest.step:
-            # the user restored this model themselves; continue from that checkpoint
-            self.epochs_done = latest.epoch or 0
-            return
-        if self._restored is not None:
-            raise CheckpointExistsError(
-                f"{latest.url} is newer than the checkpoint this run resumed from ({self._restored.name}): "
-                "another process is training into this folder; stop it, then call resumable.resume() again"
-            )
-        raise CheckpointExistsError(
-            f"{self.filepath} already holds a run (latest {latest.name}, {latest.epoch} epochs); "
-            "continue it with `run = resumable.resume(filepath, build_model=...)` and `run.fit(...)`, "
-            "or write to a new folder"
-        )
-
-
-def default_staging_dir(url: str) -> Path:
-    """``<tempdir>/resumable-cache/<hash of the run URL>``: one local folder per run folder.
-
-    Process N > 0 of a multi-process JAX program gets ``<hash>-pN``: processes on one machine
-    must not share their download cache.
-    """
-    digest = hashlib.sha256(url.encode()).hexdigest()[:12]
-    index = keras_io.process_index()
-    return Path(tempfile.gettempdir()) / "resumable-cache" / (f"{digest}-p{index}" if index else digest)
+        restored = self._restored.name if self._restored is not None else None
+        epochs_done = self.manager.check_continues(restored, keras_io.iterations(self.model))
+        if epochs_done is not None:
+            self.epochs_done = epochs_done
 
 
 def _fit_callbacks(callback: keras.callbacks.Callback) -> list[keras.callbacks.Callback]:
@@ -794,4 +696,4 @@ def _check_save_freq(save_freq: Any) -> None:
     )
 
 
-__all__ = ["CheckpointCallback", "default_staging_dir"]
+__all__ = ["CheckpointCallback"]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import shutil
 import signal
 import warnings
 from collections.abc import Callable, Sequence
@@ -17,7 +16,8 @@ from resumable.keras import keras_io
 from resumable.keras.callback import CheckpointCallback
 from resumable.keras.interrupts import StopSignals
 from resumable.keras.positioning import rest_of_epoch
-from resumable.storage import CheckpointInfo, RunStorage
+from resumable.manager.run_manager import RunManager
+from resumable.storage import CheckpointInfo
 
 logger = logging.getLogger("resumable")
 
@@ -247,25 +247,16 @@ def resume(
     keras_io.check_distribution(strategy, distribution)
     callback = CheckpointCallback(filepath, **callback_args)
     callback.strategy = strategy
-    storage = callback.storage
+    manager = callback.manager
     callback.warn_if_leased()  # before a download that fit would waste
-    damaged: set[str] = set()
-    cache_root = callback.staging_dir / "cache"
-    found: tuple[CheckpointInfo, Path] | None = None
-    for info in storage.newest_first():
-        try:
-            found = info, storage.fetch(info, cache_root / info.name, progress=bool(callback.verbose))
-            break
-        except CorruptCheckpointError as e:
-            warnings.warn(f"resumable: {e}", stacklevel=2)
-            damaged.add(info.name)
-    found = _follow_chief(storage, found, cache_root, bool(callback.verbose))
+    found = manager.fetch_newest(warn=lambda problem: warnings.warn(f"resumable: {problem}", stacklevel=4))
+    found = _follow_chief(manager, found)
     if found is not None:
         info, local = found
         model = keras_io.load_model(local, build_model, strategy=strategy, distribution=distribution,
                                     where=info.url)
-        callback.restore(info, keras_io.read_state(local), keras_io.read_arrays(local), damaged)
-        _keep_only(cache_root, info.name)
+        callback.restore(info, keras_io.read_state(local), keras_io.read_arrays(local), manager.damaged)
+        manager.keep_only_cached(info.name)
         logger.info("resumable: resumed %s at epoch %d, step %d", info.url, info.epoch, info.step)
         if info.manifest is not None and info.manifest.batch:
             logger.info("resumable: %s was saved %d batches into epoch %d; run.fit continues there",
@@ -273,13 +264,13 @@ def resume(
         return Run(model, callback, info, strategy, distribution)
     if build_model is None:
         raise CheckpointNotFoundError(
-            f"{storage.url}: no checkpoint to resume from; pass build_model=<a function returning "
+            f"{manager.url}: no checkpoint to resume from; pass build_model=<a function returning "
             "the compiled model> to start the run"
         )
     with keras_io.scope(strategy, distribution):
         model = keras_io.build(build_model)
-    if damaged:
-        callback.restore_nothing(damaged)
+    if manager.damaged:
+        callback.restore_nothing(manager.damaged)
     return Run(model, callback, None, strategy, distribution)
 
 
@@ -289,8 +280,8 @@ def _position(info: CheckpointInfo | None) -> list[int]:
     return [int(info.epoch or 0), int(info.step or 0), int(info.manifest.batch if info.manifest else 0)]
 
 
-def _follow_chief(storage: RunStorage, found: tuple[CheckpointInfo, Path] | None, cache_root: Path,
-                  progress: bool) -> tuple[CheckpointInfo, Path] | None:
+def _follow_chief(manager: RunManager, found: tuple[CheckpointInfo, Path] | None
+                  ) -> tuple[CheckpointInfo, Path] | None:
     """Several JAX processes: each resumes from the checkpoint process 0 chose (same epoch, step, batch).
 
     Every process reads the same folder, so they nearly always agree already; this makes sure
@@ -305,19 +296,19 @@ def _follow_chief(storage: RunStorage, found: tuple[CheckpointInfo, Path] | None
     index = keras_io.process_index()
     if chief[0] < 0:
         logger.warning("resumable: process %d: process 0 found no checkpoint in %s and starts the run anew; "
-                       "so does this process", index, storage.url)
+                       "so does this process", index, manager.url)
         return None
-    for info in storage.newest_first():
+    for info in manager.newest_first():
         if _position(info) == chief:
             try:
-                return info, storage.fetch(info, cache_root / info.name, progress=progress)
+                return info, manager.fetch(info)
             except CorruptCheckpointError as e:
                 raise ResumableError(
                     f"process {index}: {info.url}, which process 0 resumes from, cannot be read here ({e}); "
                     "every process must see the same run folder"
                 ) from e
     raise ResumableError(
-        f"process {index}: {storage.url} has no checkpoint at epoch {chief[0]}, step {chief[1]}, which "
+        f"process {index}: {manager.url} has no checkpoint at epoch {chief[0]}, step {chief[1]}, which "
         "process 0 resumes from; every process must see the same run folder"
     )
 
@@ -336,14 +327,6 @@ def _merge(histories: list[keras.callbacks.History], model: keras.Model) -> kera
     merged.params = histories[-1].params
     model.history = merged
     return merged
-
-
-def _keep_only(cache_root: Path, name: str) -> None:
-    """The cache holds one checkpoint: the one restored (its files are reused by a later resume)."""
-    if cache_root.is_dir():
-        for child in cache_root.iterdir():
-            if child.name != name:
-                shutil.rmtree(child, ignore_errors=True)
 
 
 __all__ = ["Run", "resume"]

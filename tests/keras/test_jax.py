@@ -29,7 +29,7 @@ import resumable
 from resumable import RunStorage
 from resumable.core.errors import CorruptCheckpointError
 from resumable.core.manifest import Manifest
-from resumable.keras.callback import default_staging_dir
+from resumable.manager.run_manager import default_staging_dir
 
 # Every test that runs a job: it trains, and needs jax (in the test extra).
 jax_job = pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="jax is not installed")

@@ -1,0 +1,398 @@
+"""`RunManager`: one run folder as its writer and its readers see it, without Keras.
+
+The Keras callback, `resume()` and the CLI all go through it:
+
+- **writing**: the writer lease (`acquire`, `release`), a staging folder per checkpoint
+  (`stage`), background or immediate commits (`submit`), the lease renewed right before each
+  commit, a damaged newer checkpoint replaced, retention after each commit;
+- **reading**: the newest good checkpoint (`newest_good`), fetched and checked into a local
+  cache (`fetch_newest`, `fetch`);
+- **pruning**: `plan_pruning` + `prune`, the one code path for the callback's retention and
+  `resumable prune`.
+
+What a checkpoint holds is the caller's business: the manager moves folders of files and
+their manifests. The commit protocol itself lives in `resumable.storage.commit`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from resumable.core.errors import (
+    CheckpointExistsError,
+    CorruptCheckpointError,
+    LeaseHeldError,
+    LeaseLostError,
+    ResumableError,
+)
+from resumable.core.manifest import Manifest
+from resumable.core.naming import DEFAULT_TEMPLATE
+from resumable.core.policy import Decision, Retention, plan
+from resumable.manager.uploader import Uploader
+from resumable.storage import CheckpointInfo, RunStorage
+from resumable.storage.lease import DEFAULT_TIMEOUT, Lease, LeaseInfo, read_lease
+
+logger = logging.getLogger("resumable")
+
+
+@dataclass(frozen=True)
+class PrunePlan:
+    """What retention keeps and deletes of the checkpoints listed, one decision each."""
+
+    checkpoints: list[CheckpointInfo]
+    decisions: list[Decision]
+
+    @property
+    def doomed(self) -> list[CheckpointInfo]:
+        return [info for info, d in zip(self.checkpoints, self.decisions, strict=True) if not d.keep]
+
+    @property
+    def freed(self) -> int:
+        """Bytes the deletions free."""
+        return sum(info.size for info in self.doomed)
+
+
+class RunManager:
+    """The writer and reader of one run folder: lease, staging, uploads, commits, retention, fetching.
+
+    Example:
+
+    ```python
+    manager = RunManager("gs://bucket/runs/exp1", retention=Retention(keep_last=3))
+    manager.acquire()                         # LeaseHeldError naming another live writer
+    folder = manager.stage("ckpt-000003")     # write the checkpoint's files here, then:
+    manager.submit(folder, "ckpt-000003", Manifest(epoch=3))  # uploads in the background
+    manager.release()                         # lands the uploads, gives the lease back
+    ```
+
+    Args:
+        url: The run folder (local, a Google Drive mount, ``gs://bucket/prefix``, any fsspec URL).
+        filename: The checkpoint folder name template. Defaults to ``"ckpt-{epoch:06d}"``.
+        storage_options: Passed to the fsspec filesystem. Defaults to None.
+        staging_dir: Local folder for staging and the download cache. Defaults to
+            `default_staging_dir` of the URL.
+        retention: What to keep after each commit; None keeps everything. Defaults to None.
+        lease_timeout: Seconds without renewal after which the lease is stale. Defaults to 600.
+        takeover: `acquire` takes the lease even from a live holder. Defaults to False.
+        async_upload: Commit in a background thread (`submit` returns at once). Defaults to True.
+        verbose: Progress bars and a line per wait. Defaults to False.
+        process_index: This process' index in a multi-process program (its own staging folder).
+            Defaults to 0.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        filename: str = DEFAULT_TEMPLATE,
+        storage_options: dict[str, Any] | None = None,
+        staging_dir: str | Path | None = None,
+        retention: Retention | None = None,
+        lease_timeout: float = DEFAULT_TIMEOUT,
+        takeover: bool = False,
+        async_upload: bool = True,
+        verbose: bool = False,
+        process_index: int = 0,
+    ) -> None:
+        self.storage = RunStorage(url, filename=filename, storage_options=storage_options)
+        self.staging_dir = Path(staging_dir) if staging_dir else default_staging_dir(self.storage.url,
+                                                                                     process_index)
+        self.retention = retention
+        self.takeover = takeover
+        self.async_upload = async_upload
+        self.verbose = verbose
+        # One writer per run folder; at interpreter exit the last uploads land before it is released.
+        self.lease = Lease(self.storage, timeout=lease_timeout, before_exit=self._finish_uploads_at_exit)
+        # The newest committed checkpoint's files stay in staging_dir/committed until the next
+        # save: a local copy to recover by hand; resume() reads the run folder's copy.
+        self.uploader = Uploader(self.storage, commit=self._commit, on_commit=self._committed,
+                                 cache_dir=self.staging_dir / "committed", verbose=verbose)
+        self.last_checkpoint: CheckpointInfo | None = None
+        self.damaged: set[str] = set()  # newer checkpoints found corrupt when resuming: replaceable
+        self.on_commit: Callable[[CheckpointInfo], None] | None = None  # after each commit (callback)
+
+    def __repr__(self) -> str:
+        return f"RunManager({self.storage.url!r}, lease held={self.lease.held})"
+
+    @property
+    def url(self) -> str:
+        return self.storage.url
+
+    # ------------------------------------------------------------------ the writer lease
+
+    def acquire(self) -> None:
+        """Become the run folder's only writer (LeaseHeldError naming the holder), renewed until `release`."""
+        self.lease.acquire(takeover=self.takeover)
+        self.lease.start_renewing()
+
+    def check_lease(self) -> None:
+        """LeaseLostError once a renewal found the lease taken over. Costs nothing."""
+        self.lease.check()
+
+    def release(self) -> None:
+        """Give the writer lease back (uploads should have landed: see `finish`)."""
+        self.lease.release()
+
+    def blocking_writer(self) -> LeaseInfo | None:
+        """Another live process that holds the lease (`acquire` would fail), or None. Reads only."""
+        if self.takeover:
+            return None
+        try:
+            holder = read_lease(self.storage)
+        except ResumableError:
+            return None  # reading the checkpoints will say what is wrong with the folder
+        return holder if holder is not None and holder.blocks() else None
+
+    @contextlib.contextmanager
+    def writing(self, *, force: bool = False) -> Iterator[LeaseInfo | None]:
+        """Hold the lease for a one-off change such as pruning.
+
+        Yields None while holding it. Another live writer raises LeaseHeldError; with ``force``
+        the body runs anyway, without taking that writer's lease, and gets its holder.
+        """
+        try:
+            self.lease.acquire()
+        except LeaseHeldError:
+            if not force:
+                raise
+            yield read_lease(self.storage)
+            return
+        try:
+            yield None
+        finally:
+            self.lease.release()
+
+    # ------------------------------------------------------------------ saving
+
+    def check_continues(self, restored: str | None, step: int) -> int | None:
+        """Refuse to mix a new training run into a folder that already holds one.
+
+        ``restored``: the checkpoint this run resumed from; ``step``: the model's optimizer
+        step now. Returns the epochs done when the model was restored by hand from the latest
+        checkpoint (same step), else None. Raises CheckpointExistsError otherwise.
+        """
+        latest = self.newest_good()
+        if latest is None or latest.name == restored:
+            return None
+        if self.last_checkpoint is not None and latest.name == self.last_checkpoint.name:
+            return None  # a second fit in the same session
+        if restored is None and latest.step == step and latest.step:
+            return latest.epoch or 0  # the user restored this model themselves; continue from it
+        if restored is not None:
+            raise CheckpointExistsError(
+                f"{latest.url} is newer than the checkpoint this run resumed from ({restored}): "
+                "another process is training into this folder; stop it, then call resumable.resume() again"
+            )
+        raise CheckpointExistsError(
+            f"{self.url} already holds a run (latest {latest.name}, {latest.epoch} epochs); "
+            "continue it with `run = resumable.resume(filepath, build_model=...)` and `run.fit(...)`, "
+            "or write to a new folder"
+        )
+
+    def stage(self, name: str) -> Path:
+        """An empty local folder to write checkpoint ``name`` into before `submit`.
+
+        Waits for an upload of the same name still in flight (a re-run epoch) and deletes the
+        local copy of the last committed checkpoint first: this save replaces it.
+        """
+        self.lease.check()
+        if self.uploader.in_progress(name):
+            self.uploader.wait()  # never rewrite files in flight
+        folder = self.staging_dir / "staging" / name
+        shutil.rmtree(folder, ignore_errors=True)
+        self.uploader.drop_cached()
+        return folder
+
+    def discard(self, folder: Path) -> None:
+        """Delete a staged folder that will not be submitted (a save that failed)."""
+        shutil.rmtree(folder, ignore_errors=True)
+
+    def serializing(self) -> contextlib.AbstractContextManager[None]:
+        """Hold the upload in flight while the caller writes a staged folder (what training waits for)."""
+        return self.uploader.paused()
+
+    def submit(self, folder: Path, name: str, manifest: Manifest) -> None:
+        """Commit a staged folder as ``name``: in the background, or now with ``async_upload=False``."""
+        if self.async_upload:
+            self.uploader.submit(folder, name, manifest)
+        else:
+            self.uploader.commit_now(folder, name, manifest)
+
+    @property
+    def pending(self) -> list[str]:
+        """Checkpoints staged and not committed yet."""
+        return self.uploader.pending
+
+    def wait(self, timeout: float | None = None, *, message: bool | None = None) -> bool:
+        """Block until the checkpoints submitted so far are committed; raises the newest one's failure.
+
+        Returns False when ``timeout`` seconds passed first.
+        """
+        return self.uploader.wait(timeout, message=message)
+
+    def finish(self, *, quiet: bool = False) -> None:
+        """After an error ended training: land the uploads, then give the lease back.
+
+        Errors of the uploads become warnings (the error that ended training matters more). A
+        KeyboardInterrupt while waiting keeps the lease held (and renewed): an upload may still
+        be committing, and a second writer must not get in under it.
+        """
+        try:
+            self.uploader.wait(message=False if quiet else None)
+        except Exception as e:  # noqa: BLE001 - the error that ended training matters more
+            logger.warning("resumable: %s", e)
+        except KeyboardInterrupt:
+            logger.warning("resumable: stopped waiting for the uploads; the writer lease of %s stays held",
+                           self.url)
+            raise
+        self.release()
+
+    def _finish_uploads_at_exit(self) -> None:
+        pending = self.uploader.pending
+        if pending:
+            print(f"resumable: finishing the upload of {', '.join(pending)} to {self.url} before "
+                  "exiting ...", file=sys.stderr, flush=True)
+            self.uploader.wait(message=False)
+
+    def _commit(self, staging: Path, name: str, manifest: Manifest) -> CheckpointInfo:
+        if self.lease.held or self.lease.lost:
+            try:
+                self.lease.renew()  # a fresh check that the run is still ours, just before writing
+            except LeaseLostError:
+                raise
+            except ResumableError as e:  # the storage failed: the commit will say how, if it fails too
+                logger.warning("resumable: could not renew the writer lease before committing %s: %s",
+                               name, e)
+        try:
+            return self._commit_files(staging, name, manifest)
+        except CheckpointExistsError:
+            # Only a checkpoint resume() found damaged may be replaced, and only if it still is.
+            if name not in self.damaged or not self.storage.verify(name):
+                raise
+        logger.warning("resumable: replacing damaged checkpoint %s", name)
+        self.storage.delete(name)
+        self.damaged.discard(name)
+        return self._commit_files(staging, name, manifest)
+
+    def _commit_files(self, staging: Path, name: str, manifest: Manifest) -> CheckpointInfo:
+        return self.storage.commit(staging, name, manifest, progress=self.verbose,
+                                   between_chunks=self.uploader.between_chunks)
+
+    def _committed(self, info: CheckpointInfo) -> None:
+        """After each commit, in the uploader's thread when uploading in the background."""
+        self.last_checkpoint = info
+        logger.info("resumable: saved %s", info.url)
+        self.apply_retention()
+        if self.on_commit is not None:
+            self.on_commit(info)
+
+    # ------------------------------------------------------------------ retention and pruning
+
+    def plan_pruning(self, retention: Retention, *, protect: Iterable[str] = (),
+                     checkpoints: Sequence[CheckpointInfo] | None = None) -> PrunePlan:
+        """Retention's decision for every checkpoint; ``protect`` names are kept.
+
+        ``checkpoints``: as `RunStorage.list` returned them (oldest first), when the caller
+        listed them already; else the run folder is listed with its files checked.
+        """
+        infos = list(checkpoints) if checkpoints is not None else self.storage.list()
+        kept = set(protect)
+        decisions = [d if d.keep or d.name not in kept else Decision(d.name, True, [*d.reasons, "in use"])
+                     for d in plan(infos, retention)]
+        return PrunePlan(infos, decisions)
+
+    def prune(self, doomed: Sequence[CheckpointInfo], *, progress: Callable[[Sequence[CheckpointInfo]],
+              Iterable[CheckpointInfo]] | None = None, tolerant: bool = False) -> list[str]:
+        """Delete checkpoints a `PrunePlan` dooms; the caller holds the lease (`acquire`, `writing`).
+
+        Never deletes once the lease was taken over. ``tolerant``: a failed delete is a warning
+        (it only costs space; training goes on) instead of an error. Returns the names deleted.
+        """
+        deleted = []
+        for info in progress(doomed) if progress is not None else doomed:
+            self.lease.check()  # another process writes the run now: its checkpoints are not ours
+            try:
+                self.storage.delete(info)
+            except ResumableError as e:
+                if not tolerant:
+                    raise
+                logger.warning("resumable: could not delete %s: %s", info.name, e)
+                continue
+            deleted.append(info.name)
+        return deleted
+
+    def apply_retention(self) -> None:
+        """After a commit: delete what ``retention`` drops, never the checkpoint just committed."""
+        if self.retention is None or self.lease.lost:
+            return  # after a takeover the run is another process's: never delete its checkpoints
+        protect = [self.last_checkpoint.name] if self.last_checkpoint else []
+        try:
+            pruning = self.plan_pruning(self.retention, protect=protect)
+        except ResumableError as e:
+            logger.warning("resumable: retention skipped: %s", e)
+            return
+        with contextlib.suppress(LeaseLostError):
+            self.prune(pruning.doomed, tolerant=True)
+
+    # ------------------------------------------------------------------ reading
+
+    def newest_first(self) -> Iterator[CheckpointInfo]:
+        """Good checkpoints, newest first (skipped newer damaged ones are logged)."""
+        return self.storage.newest_first()
+
+    def newest_good(self) -> CheckpointInfo | None:
+        """The newest good checkpoint that resuming did not find damaged."""
+        return next((c for c in self.storage.newest_first() if c.name not in self.damaged), None)
+
+    @property
+    def cache_root(self) -> Path:
+        """Where checkpoints are downloaded to be loaded."""
+        return self.staging_dir / "cache"
+
+    def fetch(self, info: CheckpointInfo) -> Path:
+        """Download a checkpoint into the cache and check every file (CorruptCheckpointError if bad)."""
+        return self.storage.fetch(info, self.cache_root / info.name, progress=self.verbose)
+
+    def fetch_newest(self, warn: Callable[[str], None]) -> tuple[CheckpointInfo, Path] | None:
+        """The newest checkpoint whose files all check out, fetched; None when there is none.
+
+        Damaged newer ones are passed to ``warn`` and remembered in `damaged`: the next commits
+        of the same names may replace them.
+        """
+        for info in self.storage.newest_first():
+            try:
+                return info, self.fetch(info)
+            except CorruptCheckpointError as e:
+                warn(str(e))
+                self.damaged.add(info.name)
+        return None
+
+    def keep_only_cached(self, name: str) -> None:
+        """The cache holds one checkpoint: the one restored (a later resume reuses its files)."""
+        if self.cache_root.is_dir():
+            for child in self.cache_root.iterdir():
+                if child.name != name:
+                    shutil.rmtree(child, ignore_errors=True)
+
+
+def default_staging_dir(url: str, process_index: int = 0) -> Path:
+    """``<tempdir>/resumable-cache/<hash of the run URL>``: one local folder per run folder.
+
+    Process N > 0 of a multi-process program gets ``<hash>-pN``: processes on one machine must
+    not share their download cache.
+    """
+    digest = hashlib.sha256(url.encode()).hexdigest()[:12]
+    name = f"{digest}-p{process_index}" if process_index else digest
+    return Path(tempfile.gettempdir()) / "resumable-cache" / name
+
+
+__all__ = ["PrunePlan", "RunManager", "default_staging_dir"]
