@@ -1,0 +1,112 @@
+"""The package's layers, read from its imports: they point one way and form no circle.
+
+core <- storage <- manager <- keras, cli. Read with `ast`, so a lazy import inside a function
+counts as much as one at the top of a module.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from paths import ROOT
+
+PACKAGE = ROOT / "resumable"
+
+# What each layer may import from the package, besides itself.
+ALLOWED = {
+    "core": set(),
+    "storage": {"core"},
+    "manager": {"core", "storage"},
+    "keras": {"core", "storage", "manager"},
+    "cli": {"core", "storage", "manager"},
+}
+# The CLI's `demo` command trains a model as a user would (`import resumable`): it alone may
+# reach the Keras side and the package's face.
+EXCEPTIONS = {("cli", "demo.py"): {"keras", "face"}}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(path: Path) -> set[str]:
+    """The resumable modules ``path`` imports (a ``from x import y`` counts y when y is a module)."""
+    found = set()
+    package = module_name(path) if path.name == "__init__.py" else module_name(path).rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join([*package.split(".")[: len(package.split(".")) - node.level + 1], base])
+            for alias in node.names:
+                candidate = f"{base}.{alias.name}"
+                found.add(candidate if (ROOT / candidate.replace(".", "/")).with_suffix(".py").exists()
+                          or (ROOT / candidate.replace(".", "/")).is_dir() else base)
+    return {name for name in found if name == "resumable" or name.startswith("resumable.")}
+
+
+def graph() -> dict[str, set[str]]:
+    modules = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+    return {name: {i for i in imports_of(path) if i in modules and i != name}
+            for name, path in modules.items()}
+
+
+def layer(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in ALLOWED) else None
+
+
+def violations(edges: dict[str, set[str]]) -> list[str]:
+    """Imports that run against the layers, as ``a -> b``."""
+    wrong = []
+    for module, targets in sorted(edges.items()):
+        here = layer(module)
+        if here is None:
+            continue  # resumable/__init__.py, __main__.py, _version.py: the package's face
+        allowed = ALLOWED[here] | {here} | EXCEPTIONS.get((here, module.rsplit(".", 1)[-1] + ".py"), set())
+        for target in sorted(targets):
+            there = "face" if target == "resumable" else layer(target)
+            if there is not None and there not in allowed:
+                wrong.append(f"{module} -> {target}")
+    return wrong
+
+
+def circles(edges: dict[str, set[str]]) -> list[str]:
+    """Every import circle found by a depth-first walk, as ``a -> b -> a``."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    found = []
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for target in sorted(edges.get(node, ())):
+            if state.get(target) == 1:
+                found.append(" -> ".join([*path[path.index(target):], target]))
+            elif target not in state:
+                visit(target, [*path, target])
+        state[node] = 2
+
+    for start in sorted(edges):
+        if start not in state:
+            visit(start, [start])
+    return found
+
+
+def test_layers_point_one_way() -> None:
+    assert violations(graph()) == []
+
+
+def test_no_import_circle() -> None:
+    assert circles(graph()) == []
+
+
+def test_the_checks_find_a_wrong_way_import_and_a_circle() -> None:
+    edges = {"resumable.core.a": {"resumable.keras.b"}, "resumable.keras.b": {"resumable.core.a"},
+             "resumable.storage.c": {"resumable.core.a"}}
+    assert violations(edges) == ["resumable.core.a -> resumable.keras.b"]
+    assert circles(edges) == ["resumable.core.a -> resumable.keras.b -> resumable.core.a"]
+    assert "resumable.core.manifest" in graph()["resumable.storage.commit" if "resumable.storage.commit"
+                                                in graph() else "resumable.storage.run_storage"]
