@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime
 import functools
-import inspect
 import logging
 import math
 import signal
@@ -23,7 +22,7 @@ from resumable.core.errors import ResumableError
 from resumable.core.manifest import Manifest
 from resumable.core.naming import DEFAULT_TEMPLATE
 from resumable.core.policy import Retention, is_better, resolve_mode
-from resumable.keras import keras_io, notebook
+from resumable.keras import compat, keras_io, notebook
 from resumable.manager.run_manager import RunManager
 from resumable.storage import CheckpointInfo, RunStorage
 from resumable.storage.errors import NO_SPACE_ERRNOS, free_space
@@ -291,7 +290,9 @@ class CheckpointCallback(keras.callbacks.Callback):
     # ------------------------------------------------------------------ Keras hooks
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
-        self._siblings = list(self.callbacks) if self.callbacks is not None else _fit_callbacks(self)
+        # Keras tells a callback nothing of its siblings: Run.fit passes them, a plain fit is searched
+        self._siblings = list(self.callbacks) if self.callbacks is not None else (
+            compat.running_fit_callbacks(self))
         self._last = _runs_last(self, self._siblings)
         self._first_epoch = True
         self._pending_save = None
@@ -595,24 +596,6 @@ class CheckpointCallback(keras.callbacks.Callback):
         epochs_done = self.manager.check_continues(restored, keras_io.iterations(self.model))
         if epochs_done is not None:
             self.epochs_done = epochs_done
-
-
-def _fit_callbacks(callback: keras.callbacks.Callback) -> list[keras.callbacks.Callback]:
-    """The other callbacks of the running fit, found on the caller's stack.
-
-    Keras does not tell a callback about its siblings; model.fit keeps them in a local
-    CallbackList. Run.fit passes them explicitly; this covers a plain model.fit.
-    """
-    frame = inspect.currentframe()
-    try:
-        while frame is not None:
-            for value in frame.f_locals.values():
-                if isinstance(value, keras.callbacks.CallbackList) and callback in value.callbacks:
-                    return list(value.callbacks)
-            frame = frame.f_back
-    finally:
-        del frame
-    return [callback]
 
 
 def _runs_last(callback: keras.callbacks.Callback, callbacks: list[keras.callbacks.Callback]) -> bool:

@@ -33,6 +33,7 @@ import keras
 import numpy as np
 
 from resumable.core.errors import CheckpointMismatchError, CheckpointNotFoundError, ResumableError
+from resumable.keras import compat
 
 logger = logging.getLogger("resumable")
 
@@ -246,19 +247,11 @@ def _no_tensorflow_import() -> Iterator[None]:
     TensorFlow is imported nothing being saved can be a TensorFlow object, so for the save
     Keras is told TensorFlow is unavailable; afterwards its lazy check is back as it was.
     """
-    lazy = None
     if keras.backend.backend() != "tensorflow" and "tensorflow" not in sys.modules:
-        with contextlib.suppress(Exception):  # private Keras API: without it, Keras imports as before
-            from keras.src.utils import module_utils
-
-            lazy = module_utils.tensorflow
-            saved = lazy._available
-            lazy._available = False
-    try:
+        with compat.tensorflow_unavailable():
+            yield
+    else:
         yield
-    finally:
-        if lazy is not None:
-            lazy._available = saved
 
 
 def check_distribution(strategy: Any, distribution: Any) -> None:
@@ -437,7 +430,7 @@ def rng_state() -> dict[str, Any]:
         "python": [version, list(internal), gauss],
         "numpy": [kind, np.asarray(keys).tolist(), int(pos), int(has_gauss), float(cached)],
     }
-    generator = _keras_global_seed_generator()
+    generator = compat.global_seed_generator()
     if generator is not None:
         state["keras"] = keras.ops.convert_to_numpy(generator.state).tolist()
     return state
@@ -450,7 +443,7 @@ def set_rng_state(state: dict[str, Any]) -> None:
     if "numpy" in state:
         kind, keys, pos, has_gauss, cached = state["numpy"]
         np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
-    generator = _keras_global_seed_generator(create="keras" in state)
+    generator = compat.global_seed_generator(create="keras" in state)
     if "keras" in state and generator is not None:
         generator.state.assign(np.asarray(state["keras"], dtype=generator.state.dtype))
 
@@ -462,21 +455,6 @@ def python_random(state: dict[str, Any]) -> random.Random:
         version, internal, gauss = state["python"]
         generator.setstate((version, tuple(internal), gauss))
     return generator
-
-
-def _keras_global_seed_generator(create: bool = False) -> Any:
-    """Keras' global SeedGenerator (unseeded random ops draw from it); private API, so guarded."""
-    try:
-        from keras.src.backend.common import global_state
-
-        generator = global_state.get_global_attribute("global_seed_generator")
-        if generator is None and create:
-            from keras.src.random.seed_generator import global_seed_generator
-
-            generator = global_seed_generator()
-        return generator
-    except Exception:
-        return None
 
 
 # ----------------------------------------------------------------------------- environment

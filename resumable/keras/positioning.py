@@ -13,7 +13,7 @@ from typing import Any
 
 import keras
 
-from resumable.keras import keras_io
+from resumable.keras import compat, keras_io
 
 
 def rest_of_epoch(model: keras.Model, args: tuple[Any, ...], kwargs: dict[str, Any], batch: int,
@@ -43,10 +43,10 @@ def rest_of_epoch(model: keras.Model, args: tuple[Any, ...], kwargs: dict[str, A
     remaining = None if steps is None else steps - batch
     if remaining is not None and remaining <= 0:
         return f"steps_per_epoch={steps} is not more than that"
-    try:
-        from keras.src.trainers.data_adapters import array_data_adapter, array_slicing
-    except ImportError:  # Keras moved its private adapters: replaying is the safe answer
-        return "this Keras version's data adapters are unknown to resumable"
+    adapters = compat.array_adapters()
+    if adapters is None:  # replaying the epoch is the safe answer
+        return compat.unsupported("the data adapters of model.fit")
+    array_data_adapter, array_slicing = adapters
     backend = keras.backend.backend()
 
     if array_data_adapter.can_convert_arrays((x, y, sample_weight)):

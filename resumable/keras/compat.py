@@ -1,0 +1,168 @@
+"""The Keras internals resumable relies on, reached from here only.
+
+Keras exports no API for these: its lazy TensorFlow import check, its global SeedGenerator,
+its array data adapter and the fit loop's `keras.callbacks.CallbackList`. Each is probed once;
+when a Keras version lacks it, the function falls back to what plain Keras does (and says so
+once, naming the Keras version), so an upgrade costs exactness or speed, never a crash.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import logging
+from collections.abc import Iterator
+from types import ModuleType
+from typing import Any, NamedTuple
+
+import keras
+
+logger = logging.getLogger("resumable")
+
+
+def unsupported(what: str) -> str:
+    """One line naming the Keras version and the internal resumable cannot find in it."""
+    return f"resumable does not know {what} in Keras {keras.__version__}"
+
+
+# ----------------------------------------------------------------------------- TensorFlow import
+
+
+@functools.cache
+def _lazy_tensorflow() -> Any:
+    """``keras.src.utils.module_utils.tensorflow`` if it keeps its availability in ``_available``."""
+    try:
+        from keras.src.utils import module_utils
+
+        lazy = module_utils.tensorflow
+        # vars(), not hasattr: a LazyModule forwards unknown attributes to TensorFlow, importing it.
+        if "_available" in vars(lazy):
+            return lazy
+    except Exception:  # noqa: BLE001 - any change in Keras means: not probed, Keras as is
+        pass
+    logger.debug("%s", unsupported("keras.src.utils.module_utils.tensorflow._available"))
+    return None
+
+
+@contextlib.contextmanager
+def tensorflow_unavailable() -> Iterator[None]:
+    """Inside, Keras' serializer believes TensorFlow is not installed (it would import it to ask).
+
+    Uses ``keras.src.utils.module_utils.tensorflow._available``, the cached answer of Keras'
+    lazy TensorFlow module, set to False and restored after. Without it this does nothing:
+    Keras imports TensorFlow as it always does, which is slower but correct.
+    """
+    lazy = _lazy_tensorflow()
+    if lazy is None:
+        yield
+        return
+    saved = lazy._available
+    lazy._available = False
+    try:
+        yield
+    finally:
+        lazy._available = saved
+
+
+# ----------------------------------------------------------------------------- global seed generator
+
+
+class _SeedGeneratorAPI(NamedTuple):
+    get_global_attribute: Any
+    global_seed_generator: Any
+    key: str
+
+
+@functools.cache
+def _seed_generator_api() -> _SeedGeneratorAPI | None:
+    try:
+        from keras.src.backend.common import global_state
+        from keras.src.random import seed_generator
+
+        return _SeedGeneratorAPI(global_state.get_global_attribute, seed_generator.global_seed_generator,
+                                 getattr(seed_generator, "GLOBAL_SEED_GENERATOR", "global_seed_generator"))
+    except Exception:  # noqa: BLE001 - moved or renamed in this Keras version
+        logger.warning("%s; unseeded keras.random ops will not continue the same after a resume",
+                       unsupported("the global SeedGenerator (keras.src.backend.common.global_state)"))
+        return None
+
+
+def global_seed_generator(create: bool = False) -> keras.random.SeedGenerator | None:
+    """Keras' global SeedGenerator, which unseeded ``keras.random`` ops draw from; None if none yet.
+
+    Uses ``keras.src.backend.common.global_state.get_global_attribute`` and
+    ``keras.src.random.seed_generator.global_seed_generator`` (the latter with ``create``, to
+    have one to restore a state into). Without them, or when Keras refuses (inside a JAX
+    trace), returns None: its state is then neither saved nor restored.
+    """
+    api = _seed_generator_api()
+    if api is None:
+        return None
+    try:
+        generator: keras.random.SeedGenerator | None = api.get_global_attribute(api.key)
+        if generator is None and create:
+            generator = api.global_seed_generator()
+    except Exception:  # noqa: BLE001 - same answer as a Keras without it
+        return None
+    return generator
+
+
+# ----------------------------------------------------------------------------- array data adapter
+
+
+class ArrayAdapters(NamedTuple):
+    """Keras' private modules that turn ``fit``'s array arguments into batches."""
+
+    array_data_adapter: ModuleType
+    array_slicing: ModuleType
+
+
+@functools.cache
+def array_adapters() -> ArrayAdapters | None:
+    """Keras' array data adapter, to replay ``fit``'s batch order of NumPy arrays; None if unknown.
+
+    Uses ``keras.src.trainers.data_adapters.array_data_adapter`` (``ArrayDataAdapter``, with the
+    ``num_batches``, ``get_tf_dataset`` and ``get_numpy_iterator`` every Keras DataAdapter has,
+    and ``can_convert_arrays``) and ``array_slicing.train_validation_split``.
+    Without any of them, returns None: a mid-epoch checkpoint of arrays then restarts its
+    epoch from the first batch.
+    """
+    try:
+        from keras.src.trainers.data_adapters import array_data_adapter, array_slicing
+
+        # Reading what positioning uses raises AttributeError now rather than mid-resume.
+        _ = (array_data_adapter.ArrayDataAdapter, array_data_adapter.can_convert_arrays,
+             array_slicing.train_validation_split)
+        return ArrayAdapters(array_data_adapter, array_slicing)
+    except Exception:  # noqa: BLE001 - moved or renamed in this Keras version
+        pass
+    logger.debug("%s", unsupported("keras.src.trainers.data_adapters"))
+    return None
+
+
+# ----------------------------------------------------------------------------- fit's callbacks
+
+
+def running_fit_callbacks(callback: keras.callbacks.Callback) -> list[keras.callbacks.Callback]:
+    """The callbacks of the ``model.fit`` running ``callback``, in order; ``[callback]`` if not found.
+
+    Keras does not tell a callback about its siblings: ``fit`` keeps them in a local
+    ``keras.callbacks.CallbackList``, found here by walking the caller's stack frames. A Keras
+    whose ``fit`` stops doing so (or a loop calling callbacks itself) gives ``[callback]``: the
+    states of the other callbacks (EarlyStopping's patience) are then not carried over.
+    """
+    frame = inspect.currentframe()
+    try:
+        while frame is not None:
+            for value in frame.f_locals.values():
+                if isinstance(value, keras.callbacks.CallbackList) and callback in value.callbacks:
+                    return list(value.callbacks)
+            frame = frame.f_back
+    finally:
+        del frame  # a frame reference would keep every local of the stack alive
+    return [callback]
+
+
+__all__ = ["ArrayAdapters", "array_adapters", "global_seed_generator", "running_fit_callbacks",
+           "tensorflow_unavailable", "unsupported"]

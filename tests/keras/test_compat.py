@@ -1,0 +1,200 @@
+"""resumable.keras.compat against the installed Keras, and with each probed internal taken away.
+
+An internal is taken away by deleting the one attribute the probe reads (monkeypatch), then
+clearing the probe's cache: what a Keras that moved it would look like to resumable.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+keras = pytest.importorskip("keras")
+
+from keras.src.backend.common import global_state  # noqa: E402
+from keras.src.trainers.data_adapters import array_data_adapter, array_slicing  # noqa: E402
+from keras.src.utils import module_utils  # noqa: E402
+
+from resumable.keras import compat, keras_io, positioning  # noqa: E402
+
+X = np.arange(48, dtype="float32").reshape(12, 4)
+Y = np.arange(12, dtype="float32").reshape(12, 1)
+
+
+@pytest.fixture(autouse=True)
+def fresh_probes() -> Iterator[None]:
+    """Each test probes anew, and leaves the probes to find the real Keras again (monkeypatch undone)."""
+    probes: list[Any] = [compat._lazy_tensorflow, compat._seed_generator_api, compat.array_adapters]
+    for probe in probes:
+        probe.cache_clear()
+    yield
+    for probe in probes:
+        probe.cache_clear()
+
+
+def small_model() -> Any:
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3), keras.layers.Dropout(0.5),
+                              keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    return model
+
+
+def test_unsupported_is_one_line_naming_the_keras_version() -> None:
+    message = compat.unsupported("the global SeedGenerator")
+    assert keras.__version__ in message and "the global SeedGenerator" in message
+    assert "\n" not in message
+
+
+# ----------------------------------------------------------------------------- tensorflow_unavailable
+
+
+def test_tensorflow_unavailable_tells_keras_and_restores() -> None:
+    lazy = module_utils.tensorflow
+    before = vars(lazy)["_available"]
+    with compat.tensorflow_unavailable():
+        assert lazy.available is False
+    assert vars(lazy)["_available"] == before
+
+
+def test_tensorflow_unavailable_restores_after_an_error() -> None:
+    before = vars(module_utils.tensorflow)["_available"]
+    with pytest.raises(RuntimeError), compat.tensorflow_unavailable():
+        raise RuntimeError("save failed")
+    assert vars(module_utils.tensorflow)["_available"] == before
+
+
+def test_tensorflow_unavailable_without_the_internal_does_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    lazy = module_utils.tensorflow
+    monkeypatch.delattr(lazy, "_available")
+    with compat.tensorflow_unavailable():
+        assert "_available" not in vars(lazy)  # not recreated: Keras is left as it is
+    assert compat._lazy_tensorflow() is None
+
+
+SAVE_ON_JAX = """
+import pathlib, sys, tempfile
+import keras
+if sys.argv[1] == "gone":  # a Keras without the lazy module resumable probes
+    from keras.src.utils import module_utils
+    del module_utils.tensorflow
+from resumable.keras import keras_io
+model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+model.compile(optimizer="adam", loss="mse")
+keras_io.save(model, pathlib.Path(tempfile.mkdtemp()), weights_only=False, state={})
+print("tensorflow imported:", "tensorflow" in sys.modules)
+"""
+
+
+@pytest.mark.parametrize(("case", "imported"), [("present", False), ("gone", True)])
+def test_saving_on_jax_imports_tensorflow_only_without_the_internal(case: str, imported: bool) -> None:
+    pytest.importorskip("jax")
+    env = {**os.environ, "KERAS_BACKEND": "jax", "TF_CPP_MIN_LOG_LEVEL": "3"}
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(SAVE_ON_JAX), case],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"tensorflow imported: {imported}" in done.stdout.splitlines(), done.stdout
+
+
+# ----------------------------------------------------------------------------- global_seed_generator
+
+
+def test_global_seed_generator_is_the_one_unseeded_ops_draw_from() -> None:
+    keras.utils.set_random_seed(7)  # drops Keras' global generator
+    assert compat.global_seed_generator() is None
+    generator = compat.global_seed_generator(create=True)
+    assert isinstance(generator, keras.random.SeedGenerator)
+    assert compat.global_seed_generator() is generator
+    before = keras.ops.convert_to_numpy(generator.state).copy()
+    keras.random.uniform((2,))
+    assert not np.array_equal(keras.ops.convert_to_numpy(generator.state), before)
+
+
+def test_rng_state_carries_unseeded_keras_random_ops() -> None:
+    keras.utils.set_random_seed(7)
+    keras.random.uniform((2,))
+    state = keras_io.rng_state()
+    assert "keras" in state
+    first = keras.ops.convert_to_numpy(keras.random.uniform((4,)))
+    keras.random.uniform((4,))
+    keras_io.set_rng_state(state)
+    assert np.array_equal(keras.ops.convert_to_numpy(keras.random.uniform((4,))), first)
+
+
+def test_global_seed_generator_without_the_internal_is_none_and_says_so_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    keras.random.uniform((2,))  # a generator exists: only the missing internal can hide it
+    monkeypatch.delattr(global_state, "get_global_attribute")
+    with caplog.at_level(logging.WARNING, logger="resumable"):
+        assert compat.global_seed_generator() is None
+        assert compat.global_seed_generator(create=True) is None
+        assert "keras" not in keras_io.rng_state()
+    warned = [r.getMessage() for r in caplog.records if "SeedGenerator" in r.getMessage()]
+    assert len(warned) == 1 and keras.__version__ in warned[0] and "\n" not in warned[0]
+
+
+# ----------------------------------------------------------------------------- array_adapters
+
+
+def test_array_adapters_position_arrays_at_a_batch() -> None:
+    adapters = compat.array_adapters()
+    assert adapters is not None
+    assert adapters.array_data_adapter.can_convert_arrays((X, Y, None))
+    partial = positioning.rest_of_epoch(small_model(), (X, Y), {"batch_size": 3, "shuffle": False}, 1, {})
+    assert isinstance(partial, dict), partial
+    assert partial["steps_per_epoch"] == 3
+    first_x, _ = next(iter(partial["x"]))
+    assert np.array_equal(keras.ops.convert_to_numpy(first_x), X[3:6])
+
+
+@pytest.mark.parametrize(("owner", "name"), [
+    (array_data_adapter, "can_convert_arrays"),
+    (array_data_adapter, "ArrayDataAdapter"),
+    (array_slicing, "train_validation_split"),
+])
+def test_array_adapters_without_the_internal_replay_the_epoch(
+    monkeypatch: pytest.MonkeyPatch, owner: Any, name: str
+) -> None:
+    monkeypatch.delattr(owner, name)
+    assert compat.array_adapters() is None
+    reason = positioning.rest_of_epoch(small_model(), (X, Y), {"batch_size": 3, "shuffle": False}, 1, {})
+    assert isinstance(reason, str) and keras.__version__ in reason and "\n" not in reason
+
+
+# ----------------------------------------------------------------------------- running_fit_callbacks
+
+
+class Recorder(keras.callbacks.Callback):
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[Any] = []
+
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        self.seen = compat.running_fit_callbacks(self)
+
+
+def test_running_fit_callbacks_are_those_of_the_fit() -> None:
+    stop = keras.callbacks.EarlyStopping(monitor="loss", patience=3)
+    recorder = Recorder()
+    small_model().fit(X, Y, batch_size=4, epochs=1, verbose=0, callbacks=[stop, recorder])
+    seen = recorder.seen
+    assert stop in seen and recorder in seen and seen.index(stop) < seen.index(recorder)
+    assert any(isinstance(c, keras.callbacks.History) for c in seen)  # the list fit built, not ours
+
+
+def test_running_fit_callbacks_outside_a_fit_is_the_callback_alone() -> None:
+    unrelated = keras.callbacks.CallbackList([keras.callbacks.History()])  # on the stack, without ours
+    recorder = Recorder()
+    recorder.set_model(small_model())
+    recorder.on_train_begin()  # a loop calling callbacks itself keeps no CallbackList
+    assert recorder.seen == [recorder]
+    assert unrelated.callbacks and recorder not in unrelated.callbacks
