@@ -20,8 +20,11 @@ KILL_AFTER_EPOCH = 3
 
 
 def main(folder: str | None = None) -> int:
-    """Run the demo in a new run folder under ``folder``; return an exit code."""
-    from resumable.cli.app import main as cli_main
+    """Run the demo in a new run folder under ``folder``; return an exit code.
+
+    Called by `resumable demo`, whose `resumable.cli.app.main` reports any error it raises.
+    """
+    from resumable.cli.listing import run_list
     from resumable.storage import RunStorage
 
     run = Path(folder or DEFAULT_FOLDER) / datetime.now().strftime("run-%Y%m%d-%H%M%S")
@@ -50,7 +53,7 @@ def main(folder: str | None = None) -> int:
         return 2
 
     print("\n== The checkpoints (`resumable list`):", flush=True)
-    return cli_main(["list", str(run)])
+    return run_list(str(run))
 
 
 def _start_training(run: Path) -> subprocess.Popen[bytes]:

@@ -1,0 +1,101 @@
+"""`resumable list`: every checkpoint of a run with its status, the latest good one and the best."""
+
+from __future__ import annotations
+
+import operator
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from resumable.cli.common import EXIT_OK, Ranking, choose_ranking, latest_good, load_run, metric_names
+from resumable.cli.output import info_json, json_float, out, out_json, out_lines, plural, problem_lines
+from resumable.core.display import format_columns, human_size, utc_times
+from resumable.storage import CheckpointInfo, Status
+
+
+def run_list(
+    url: str, *, monitor: str | None = None, mode: str | None = None, deep: bool = False,
+    as_json: bool = False,
+) -> int:
+    """Print the run's checkpoints as a table (or JSON); return the exit code.
+
+    Args:
+        url: The run folder.
+        monitor: Metric to show and to rank the best checkpoint by; None: as recorded, else a default.
+        mode: ``"auto"``, ``"min"`` or ``"max"``; None: as recorded, else auto.
+        deep: Check every file against its manifest instead of reading the run index.
+        as_json: Print JSON for scripts instead of a table.
+    """
+    storage, infos = load_run(url, check_files=deep)
+    recorded = metric_names(infos)
+    ranking = choose_ranking(infos, monitor, mode, recorded)
+    latest = latest_good(infos)
+    best = ranking.best(infos)
+    if as_json:
+        out_json({
+            "url": storage.url,
+            "checkpoints": [info_json(i) for i in infos],
+            "latest": latest.name if latest else None,
+            "best": _best_json(ranking, best),
+        })
+        return EXIT_OK
+    if not infos:
+        out(f"no checkpoints in {storage.url}")
+        return EXIT_OK
+    metrics = [monitor] if monitor else recorded
+    notes = {id(latest): "latest", id(best): "best"}
+    if latest is best:
+        notes = {id(latest): "latest, best"}
+    # Built a column at a time, one plain pass each: a run may hold thousands of checkpoints.
+    # Indexed infos answer from their index row without building manifests or file records.
+    epochs = [i.epoch for i in infos]
+    steps = [i.step for i in infos]
+    logged = [i.metrics for i in infos]
+    columns = [["NAME", *[i.name for i in infos]],
+               ["EPOCH", *["-" if e is None else str(e) for e in epochs]],
+               ["STEP", *["-" if s is None else str(s) for s in steps]]]
+    columns += [[name, *_metric_cells(logged, name)] for name in metrics]
+    sizes = [i.size for i in infos]
+    shown = {size: human_size(size) for size in set(sizes)}  # checkpoints of one model: few sizes
+    columns += [["SIZE", *[shown[size] for size in sizes]],
+                ["CREATED", *utc_times([i.created_iso for i in infos])],
+                ["STATUS", *[i.status._value_ for i in infos]],  # not `.value`, a property: 10x as slow
+                ["NOTE", *[notes.get(id(i), "") for i in infos]]]
+    out_lines(format_columns(columns, right={1, 2, *range(3, 4 + len(metrics))}))  # numbers and size
+    out("")
+    out_lines(problem_lines(infos))
+    out(_summary(infos))
+    out(f"latest good: {_describe(latest)}" if latest else "latest good: none; resume() would start afresh")
+    out(ranking.describe(best))
+    if any(not i.ok for i in infos):
+        out(f"`resumable prune {storage.url}` removes unfinished or corrupt ones older than the latest good")
+    if not all(i.checked for i in infos):
+        out("statuses from the run index; --deep checks every file's size, `resumable verify` re-reads them")
+    return EXIT_OK
+
+
+def _metric_cells(logged: Sequence[dict[str, float]], name: str) -> list[str]:
+    values = [row.get(name) for row in logged]
+    return ["-" if value is None else f"{value:.4g}" for value in values]  # as `metric_text`, inlined
+
+
+def _summary(infos: Sequence[CheckpointInfo]) -> str:
+    counts = Counter(map(_status_of, infos))  # `map`, not a generator: thousands of checkpoints
+    detail = ", ".join(f"{counts[status]} {status}" for status in Status if counts[status])
+    total = human_size(sum(map(_size_of, infos)))
+    return f"{plural(len(infos), 'checkpoint')} ({detail}), {total}"
+
+
+_status_of, _size_of = operator.attrgetter("status"), operator.attrgetter("size")
+
+
+def _describe(info: CheckpointInfo) -> str:
+    return f"{info.name} (epoch {info.epoch}, step {info.step})"
+
+
+def _best_json(ranking: Ranking, best: CheckpointInfo | None) -> dict[str, Any] | None:
+    if best is None or ranking.monitor is None:
+        return None
+    value = best.metrics.get(ranking.monitor)
+    return {"name": best.name, "monitor": ranking.monitor, "mode": ranking.mode,
+            "value": json_float(value) if value is not None else None}
