@@ -9,9 +9,11 @@ template                        epoch  step  name
 ``ckpt-{epoch:06d}`` (default)  12     -     ``ckpt-000012``
 ``ckpt-{epoch:06d}``, mid-epoch 12     3400  ``ckpt-000012-step-000003400``
 ``weights-{epoch:02d}-{val_accuracy:.3f}``  3  -  ``weights-03-0.912``
+``e{epoch:02d}-b{batch:04d}``, mid-epoch  2  250  ``e02-b0050-step-000000250``
 ==============================  =====  ====  ==============================
 
 A mid-epoch name gets ``-step-NNNNNNNNN`` appended unless the template has ``{step}`` itself.
+``{batch}`` is the batch within the epoch (0 at an epoch's end), as in Keras' ModelCheckpoint.
 """
 
 from __future__ import annotations
@@ -58,11 +60,14 @@ class NameTemplate:
 
     def format(
         self, epoch: int, step: int = 0, logs: Mapping[str, Any] | None = None, *,
-        mid_epoch: bool = False,
+        mid_epoch: bool = False, batch: int = 0,
     ) -> str:
-        """Return the folder name for a checkpoint; missing metrics are written as ``nan``."""
+        """Return the folder name for a checkpoint; missing metrics are written as ``nan``.
+
+        ``batch``: the batch within the epoch, for ``{batch}`` (0 at an epoch's end).
+        """
         values = _MissingAsNan(logs or {})
-        values.update(epoch=epoch, step=step)
+        values.update(epoch=epoch, step=step, batch=batch)
         name = string.Formatter().vformat(self.template, (), values)
         if mid_epoch and not self._has_step:
             name += STEP_SUFFIX.format(step=step)
@@ -100,7 +105,9 @@ def _pattern(template: str, has_step: bool) -> str:
         parts.append(re.escape(literal))
         if not field:
             continue
-        if field in ("epoch", "step") and field not in seen:
+        if field == "batch":
+            parts.append(_INT)
+        elif field in ("epoch", "step") and field not in seen:
             parts.append(f"(?P<{field}>{_INT})")
             seen.add(field)
         elif field in ("epoch", "step"):

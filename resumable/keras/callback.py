@@ -514,7 +514,7 @@ class CheckpointCallback(keras.callbacks.Callback):
         if not self._chief():
             return
         started = time.monotonic()
-        name = self.storage.template.format(epoch, step, logs, mid_epoch=batch > 0)
+        name = self.storage.template.format(epoch, step, logs, mid_epoch=batch > 0, batch=batch)
         logger.info("resumable: saving %s", name)
         staging = self.manager.stage(name)
         callback_states, arrays = keras_io.callback_states(self._siblings)

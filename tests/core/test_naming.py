@@ -116,3 +116,12 @@ def test_round_trip_over_many_values() -> None:
             for loss in (0.0, 0.1234, -3.5, 1e9, math.nan):
                 assert t.parse(t.format(epoch, step, {"val_loss": loss})) == (epoch, -1)
                 assert t.parse(t.format(epoch, step, {"val_loss": loss}, mid_epoch=True)) == (epoch, step)
+
+
+def test_batch_is_the_batch_within_the_epoch() -> None:
+    template = NameTemplate("e{epoch:02d}-b{batch:04d}")
+    name = template.format(2, 250, mid_epoch=True, batch=50)
+    assert name == "e02-b0050-step-000000250"
+    assert template.parse(name) == (2, 250)
+    assert template.format(3, 300) == "e03-b0000"  # an epoch's end
+    assert template.parse("e03-b0000") == (3, -1)

@@ -213,6 +213,16 @@ def test_mid_epoch_checkpoints_resume_from_the_epoch_start(tmp_path: Path) -> No
     assert again.initial_epoch == 2 and len(again.history["loss"]) == 2
 
 
+def test_a_name_with_batch_saves_mid_epoch_as_keras_names_it(tmp_path: Path) -> None:
+    """``{batch}`` is the batch within the epoch (Keras' ModelCheckpoint); it used to crash the first save."""
+    url = str(tmp_path / "run")
+    run = resumable.resume(url, build_model=make_model, save_freq=4, keep_last=None,
+                           filename="e{epoch:02d}-b{batch:02d}")
+    run.fit(X, Y, epochs=2, **FIT)
+    names = [c.name for c in RunStorage(url, filename="e{epoch:02d}-b{batch:02d}").list() if c.ok]
+    assert names == ["e00-b04-step-000000004", "e01-b00", "e01-b02-step-000000008", "e02-b00"]
+
+
 # ------------------------------------------------------------------------- callback state
 
 
