@@ -1,13 +1,17 @@
-"""What fsspec, gcsfs, google-auth or the OS raised, as one clear ResumableError line.
+"""What fsspec, gcsfs, google-cloud-storage, google-auth or the OS raised, as one clear ResumableError line.
 
 Users meet these messages first when something is wrong (no bucket, no credentials, a full
-Drive), so each one says what happened and what to do, never a library's traceback.
+Drive), so each one says what happened and what to do, never a library's traceback. Errors of
+google-cloud-storage (google.api_core.exceptions) are told apart by their public ``code``, the
+HTTP status, as gcsfs' HttpError is. `redact` keeps upload-session ids, tokens and signatures
+out of every message.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import re
 import shutil
 from typing import Any
 
@@ -25,15 +29,25 @@ NO_SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})  # disk f
 COLAB_AUTH_HINT = "run `from google.colab import auth; auth.authenticate_user()` in Colab"
 GCLOUD_AUTH_HINT = "run `gcloud auth application-default login`, or set GOOGLE_APPLICATION_CREDENTIALS"
 
+# Query parameters that let their holder act: a resumable session's id (anyone holding it may
+# write the object), OAuth tokens, signed-URL signatures, API keys.
+_SECRET_PARAM = re.compile(
+    r"\b(upload_id|access_token|token|key|sig|signature|x-goog-signature|x-goog-credential)=[^&\s'\"]+",
+    re.IGNORECASE,
+)
+_BEARER = re.compile(r"\b(bearer)\s+[\w.~+/=-]+", re.IGNORECASE)
+
 
 def translate(e: Exception, where: str, url: str, root: str, *, is_gcs: bool, is_local: bool) -> Exception:
     """The ResumableError to raise for ``e``, met at ``where`` in run folder ``url`` (fs path ``root``)."""
     # One line, whatever the library put in its message (JSON bodies, URLs on new lines).
-    detail = " ".join(f"{type(e).__name__}: {e}".split()).rstrip(":")
+    detail = " ".join(redact(f"{type(e).__name__}: {e}").split()).rstrip(":")
     if len(detail) > 300:
         detail = detail[:297] + "..."
     module = type(e).__module__
     code = getattr(e, "code", None)
+    if code == 412:  # google-cloud-storage's PreconditionFailed: a conditional write lost a race
+        return FileExistsError(errno.EEXIST, f"{where}: changed meanwhile (precondition failed)")
     if module.startswith("google.auth") or "credentials" in str(e).lower() and code in (401, None):
         hint = COLAB_AUTH_HINT if in_colab() else GCLOUD_AUTH_HINT
         return NotAuthenticatedError(f"{where}: not authenticated to Google Cloud ({detail}); {hint}")
@@ -47,7 +61,8 @@ def translate(e: Exception, where: str, url: str, root: str, *, is_gcs: bool, is
     if isinstance(e, NotADirectoryError):
         return NotAFolderError(f"{where}: a file is in the way where a folder was expected")
     if isinstance(e, FileNotFoundError) or code == 404:
-        if is_gcs and where == url:  # listing an absent prefix is no error on GCS
+        # Listing an absent prefix is no error on GCS; an upload answered "bucket does not exist" is.
+        if is_gcs and (where == url or code == 404 and "bucket does not exist" in str(e).lower()):
             bucket = root.split("/", 1)[0]
             return RunNotFoundError(
                 f"{where}: not found; does the bucket gs://{bucket} exist? Create it first"
@@ -61,6 +76,14 @@ def translate(e: Exception, where: str, url: str, root: str, *, is_gcs: bool, is
             f"{where}: no space left on the device{free}; free space or choose another folder"
         )
     return StorageError(f"{where}: {detail}")
+
+
+def redact(text: str, *secrets: str) -> str:
+    """``text`` without upload-session ids, tokens, signatures, and without each of ``secrets``."""
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, "<redacted>")
+    return _BEARER.sub(r"\1 <redacted>", _SECRET_PARAM.sub(r"\1=<redacted>", text))
 
 
 def free_space(path: str) -> str:
@@ -93,4 +116,4 @@ class BoundedRequest:
         return self._request(*args, **kwargs)
 
 
-__all__ = ["NO_SPACE_ERRNOS", "BoundedRequest", "free_space", "in_colab", "translate"]
+__all__ = ["NO_SPACE_ERRNOS", "BoundedRequest", "free_space", "in_colab", "redact", "translate"]

@@ -1,37 +1,41 @@
 """Big files to GCS as one resumable-upload request each, streamed a piece at a time.
 
 Why not gcsfs' file object (``fs.open(path, "wb")``): it gathers a block in memory and hands
-each block to asyncio in one write. Measured here for a 288 MB file on Python 3.11, that costs
-the uploading process about 1.7 s of CPU (asyncio copies the unsent rest of a big write into
-fresh memory, again and again) and the emulator 4 s; the hold during saves (`Uploader.paused`)
-cannot stop a block already handed over. Streaming 1 MiB pieces through one request costs
-0.2 s and 1.7 s, keeps one piece in memory, and lets the hold act between any two pieces.
-Google's own advice is the same: upload in one request unless the data is produced on the
-fly. A request that fails is retried whole, by the caller (`RunStorage`'s retry policy), in a
-new upload session; an unfinished session never becomes a visible object.
+each block to asyncio in one write; measured for a 288 MB file, that cost the uploading
+process about 1.7 s of CPU, and the hold during saves (`Uploader.paused`) cannot stop a block
+already handed over. Why not google-cloud-storage's chunked upload: each chunk is a request
+of its own, read whole into memory and waited for, so small chunks cost a round trip each and
+big ones hold their size in memory. Here one session is started with
+``Blob.create_resumable_upload_session`` (public; it carries the credentials, ``userProject``
+and the emulator's address) and its body goes in one PUT, the documented way to complete such a
+session, from an iterable that reads the file a piece at a time in the calling thread: one
+piece in memory, ``before_piece`` (where a background upload waits while a checkpoint is
+serialized) runs before each, so the hold acts between any two pieces. Google's advice is the
+same: upload in one request unless the data is produced on the fly.
 
-The calling thread reads the file and runs ``before_piece`` (where a background upload waits
-while a checkpoint is serialized); gcsfs' event loop only sends. So the hold works exactly as it
-did with gcsfs' file object, in the thread that called.
+A request that fails is retried whole by the caller (`RunStorage`'s retry policy), in a new
+session; an unfinished session never becomes a visible object. The session's URL lets anyone
+holding it write the object: it appears in no message raised here (`errors.redact`).
 
-The requests go through gcsfs' own session, endpoint and credentials (``fs.session``,
-``fs._location``, ``fs._get_headers``, ``fs._get_params``: private, so tests/test_gcs_upload.py
-runs them against the installed gcsfs and fake-gcs-server).
+Public API relied on: ``Blob.create_resumable_upload_session``, google-auth's
+``AuthorizedSession`` (a requests session), requests' streaming of an iterable body with a
+length, ``google.api_core.exceptions.from_http_status``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import errno
-import queue
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
-from urllib.parse import quote
 
 from resumable.core.checksum import RunningCrc32c
+from resumable.storage.errors import redact
+from resumable.storage.gcs_client import client_for
 
 PIECE_SIZE = 1024 * 1024  # bytes per socket write: small enough to copy cheaply, big enough to be few
+SESSION_TIMEOUT = 60.0  # seconds to start a session
+BODY_TIMEOUT = (60.0, 300.0)  # seconds to connect, and for each socket operation (GCS answers once all is in)
 
 
 class NotStreamable(Exception):
@@ -42,33 +46,111 @@ def upload(fs: Any, local: Path, remote: str, *, before_piece: Callable[[], None
            on_sent: Callable[[int], None]) -> tuple[int, str]:
     """Send ``local`` to ``remote`` (a gcsfs path); return the size and CRC32C of what was sent.
 
-    ``before_piece`` runs in this thread before each piece is read, ``on_sent(n)`` after each.
-    Raises gcsfs' own errors for HTTP failures (`gcsfs.retry.validate_response`), aiohttp's for
-    broken connections, `NotStreamable` for a zonal bucket.
+    ``before_piece`` runs in this thread before each piece is read, ``on_sent(n)`` after each is
+    sent; what they raise is raised as it is. Raises google.api_core's errors for HTTP failures
+    (``.code`` is the status), requests' for broken connections, `NotStreamable` for a zonal bucket.
     """
-    size = local.stat().st_size
+    gcs = client_for(fs)
     bucket, key, _ = fs.split_path(remote)
-    asks: queue.SimpleQueue[asyncio.Future[bytes] | None] = queue.SimpleQueue()
-    checksum = RunningCrc32c()
-    sent = 0
-    with open(local, "rb") as source:
-        request = asyncio.run_coroutine_threadsafe(_send(fs, bucket, key, size, asks), fs.loop)
-        request.add_done_callback(lambda _: asks.put(None))  # wakes the loop below when it ends
+    if gcs.is_zonal(bucket):
+        raise NotStreamable(bucket)
+    size = local.stat().st_size
+    try:
+        with open(local, "rb") as source:
+            body = _Body(source, size, local, before_piece, on_sent)
+            session = gcs.bucket(bucket).blob(key).create_resumable_upload_session(
+                content_type="application/octet-stream", size=size, timeout=SESSION_TIMEOUT,
+                checksum=None, retry=None,  # the caller checks the CRC32C and decides on retries
+            )
+            _send(gcs.session, session, body)
+        return body.sent, body.checksum.hex()
+    finally:
+        fs.invalidate_cache(remote)
+
+
+def _send(http: Any, session: str, body: _Body) -> None:
+    """PUT the whole body to the session in one request; raise unless the object was created."""
+    import requests
+    from google.api_core.exceptions import from_http_status
+
+    size = len(body)
+    headers = {
+        "Content-Type": "application/octet-stream",
+        "Content-Range": f"bytes 0-{size - 1}/{size}" if size else "bytes */0",
+    }
+    try:
+        # A 308 answers an unfinished upload, without a Location: not a redirect to follow.
+        response = http.put(session, data=body if size else b"", headers=headers,  # len 0: chunked otherwise
+                            timeout=BODY_TIMEOUT, allow_redirects=False)
+    except _PieceFailed:
+        assert body.error is not None
+        raise body.error from None  # what before_piece or the file raised, as it was
+    except requests.RequestException as e:  # their messages name the URL, upload_id included
+        raise type(e)(redact(str(e), session)) from None
+    with response:
+        if response.status_code == 308:
+            got = response.headers.get("Range", "nothing")
+            raise OSError(errno.EIO, f"upload unfinished: the server holds {got} of {size} bytes")
+        if not 200 <= response.status_code < 300:
+            raise from_http_status(response.status_code, f"upload refused: {_reason(response, session)}")
+    if body.sent != size:  # the server finished the object without asking for all of it
+        raise OSError(errno.EIO, f"upload ended after {body.sent} of {size} bytes")
+
+
+def _reason(response: Any, session: str) -> str:
+    """The error's message from a GCS answer, one line, without the session's URL."""
+    try:
+        reason = str(response.json()["error"]["message"])
+    except Exception:
+        reason = response.text[:200] or response.reason or ""
+    return " ".join(redact(reason, session).split())
+
+
+class _Body:
+    """The request's body: the file a piece at a time, read when the connection asks for the next.
+
+    Its length makes requests send Content-Length and the pieces as they come, without chunked
+    encoding. It can be iterated once: a resend (requests retrying after refreshing a token)
+    fails, and the caller's retry starts a new session.
+    """
+
+    def __init__(self, source: BinaryIO, size: int, local: Path, before_piece: Callable[[], None],
+                 on_sent: Callable[[int], None]) -> None:
+        self.source, self.size, self.local = source, size, local
+        self.before_piece, self.on_sent = before_piece, on_sent
+        self.checksum = RunningCrc32c()
+        self.sent = 0
+        self.error: Exception | None = None  # what a piece raised, for `_send` to raise unwrapped
+        self.started = False
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __iter__(self) -> Iterator[bytes]:
+        if self.started:
+            self.error = OSError(errno.EIO, "the upload's body was asked for twice; starting over")
+            raise _PieceFailed
+        self.started = True
+        return self._pieces()
+
+    def _pieces(self) -> Iterator[bytes]:
         try:
-            while (ask := asks.get()) is not None:
-                before_piece()
-                piece = _read(source, min(PIECE_SIZE, size - sent), local)
-                checksum.update(piece)
-                sent += len(piece)
-                fs.loop.call_soon_threadsafe(_answer, ask, piece)
-                on_sent(len(piece))
-            request.result()
-        except BaseException:
-            request.cancel()  # the session stays unfinished: no object appears
-            raise
-        finally:
-            fs.invalidate_cache(remote)
-    return sent, checksum.hex()
+            while self.sent < self.size:
+                self.before_piece()
+                piece = _read(self.source, min(PIECE_SIZE, self.size - self.sent), self.local)
+                self.checksum.update(piece)
+                yield piece  # resumes once the connection has taken it
+                self.sent += len(piece)
+                self.on_sent(len(piece))
+        except Exception as e:
+            # Raised past urllib3 as a type it neither wraps nor swallows (it ignores a
+            # BrokenPipeError from the body and waits for an answer that never comes).
+            self.error = e
+            raise _PieceFailed from e
+
+
+class _PieceFailed(Exception):
+    """Carries an error of the body out of requests; `_send` raises the original."""
 
 
 def _read(source: BinaryIO, length: int, local: Path) -> bytes:
@@ -76,58 +158,3 @@ def _read(source: BinaryIO, length: int, local: Path) -> bytes:
     if len(piece) < length:
         raise OSError(errno.EIO, f"{local} got shorter while it was being uploaded")
     return piece
-
-
-def _answer(ask: asyncio.Future[bytes], piece: bytes) -> None:
-    if not ask.done():  # the request may have been cancelled meanwhile
-        ask.set_result(piece)
-
-
-async def _send(fs: Any, bucket: str, key: str, size: int,
-                asks: queue.SimpleQueue[asyncio.Future[bytes] | None]) -> None:
-    from gcsfs.retry import validate_response
-
-    is_zonal = getattr(fs, "_is_zonal_bucket", None)  # gcsfs' experimental ExtendedGcsFileSystem
-    if is_zonal is not None and await is_zonal(bucket):
-        raise NotStreamable(bucket)
-    await fs._set_session()
-    # Start the session ourselves, not with gcsfs' initiate_upload: its requests retry for
-    # half a minute on their own, and the caller's retry policy is the one users set.
-    # gcsfs' helpers add what its own requests carry: credentials, and userProject for
-    # requester-pays buckets.
-    start = f"{fs._location}/upload/storage/v1/b/{quote(bucket, safe='')}/o"
-    async with fs.session.request(
-        "POST", start, params=fs._get_params({"uploadType": "resumable"}), json={"name": key},
-        headers=fs._get_headers({"X-Upload-Content-Type": "application/octet-stream"}),
-        timeout=fs.requests_timeout,
-    ) as response:
-        validate_response(response.status, await response.read(), start)
-        location = response.headers["Location"]
-    headers = {
-        "Content-Type": "application/octet-stream",
-        "Content-Length": str(size),
-        "Content-Range": f"bytes 0-{size - 1}/{size}" if size else "bytes */0",
-    }
-    # GCS answers 308 for an unfinished upload, without a Location: not a redirect to follow
-    # (aiohttp would try to resend the streamed body, and fail).
-    async with fs.session.request(
-        "PUT", location, headers=fs._get_headers(headers), data=_pieces(size, asks),
-        allow_redirects=False, timeout=fs.requests_timeout,
-    ) as response:
-        content = await response.read()
-        validate_response(response.status, content, location)
-        if response.status == 308:
-            got = response.headers.get("Range", "nothing")
-            raise OSError(errno.EIO, f"upload unfinished: the server holds {got} of {size} bytes")
-
-
-async def _pieces(size: int, asks: queue.SimpleQueue[asyncio.Future[bytes] | None]) -> AsyncIterator[bytes]:
-    """The request body: asks the calling thread for each piece in turn."""
-    loop = asyncio.get_running_loop()
-    left = size
-    while left:
-        ask: asyncio.Future[bytes] = loop.create_future()
-        asks.put(ask)
-        piece = await ask
-        left -= len(piece)
-        yield piece

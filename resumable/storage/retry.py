@@ -1,7 +1,8 @@
 """Bounded exponential backoff for the errors that go away by themselves.
 
 Google Drive's FUSE mount answers EIO and ENOTCONN ("Transport endpoint is not connected")
-while it reconnects; GCS answers 429 and 5xx under load. Everything else fails at once.
+while it reconnects; GCS answers 429 and 5xx under load (gcsfs' HttpError and
+google.api_core's exceptions both carry the status in ``code``). Everything else fails at once.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
+
+from resumable.storage.errors import redact
 
 logger = logging.getLogger("resumable")
 
@@ -34,8 +37,9 @@ TRANSIENT_ERRNOS = frozenset(
 
 TRANSIENT_HTTP = frozenset({408, 429})  # and every 5xx
 
-# Connection-level errors of the HTTP stacks under gcsfs, matched by name so that local-only
-# users need not import them: (module prefix, class name anywhere in the exception's MRO).
+# Connection-level errors of the HTTP stacks under gcsfs and google-cloud-storage, matched by
+# name so that local-only users need not import them: (top-level package, class name anywhere
+# in the exception's MRO).
 _TRANSIENT_CLASSES = frozenset(
     {
         ("aiohttp", "ClientConnectionError"),  # refused, reset, server disconnected, timeouts
@@ -43,6 +47,8 @@ _TRANSIENT_CLASSES = frozenset(
         ("requests", "ConnectionError"),
         ("requests", "Timeout"),
         ("requests", "ChunkedEncodingError"),
+        ("google", "TransportError"),  # google.auth: the token request itself met a network error
+        ("google", "DataCorruption"),  # google.cloud.storage: a download's checksum did not match
     }
 )
 
@@ -113,7 +119,7 @@ class RetryPolicy:
                 wait = min(delay, self.max_delay) * (0.5 + random.random() / 2)
                 logger.warning(
                     "resumable: %s failed (%s: %s); retry %d of %d in %.1f s",
-                    what, type(exc).__name__, exc, attempt, self.attempts - 1, wait,
+                    what, type(exc).__name__, redact(str(exc)), attempt, self.attempts - 1, wait,
                 )
                 time.sleep(wait)
                 delay *= 2

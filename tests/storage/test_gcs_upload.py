@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import errno
+import logging
 import math
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -17,11 +20,12 @@ from fake_gcs import fake_gcs_server, point_gcs_clients_at, server_process
 from paths import ROOT
 
 from resumable import RunStorage, Status
+from resumable.core.checksum import crc32c_of_file
 from resumable.core.errors import StorageError
 from resumable.core.manifest import Manifest
 from resumable.manager.uploader import Uploader
 from resumable.storage import STREAM_MIN_BYTES
-from resumable.storage.gcs_upload import PIECE_SIZE
+from resumable.storage.gcs_upload import PIECE_SIZE, upload
 from resumable.storage.retry import RetryPolicy
 
 FAST_RETRY = RetryPolicy(attempts=3, initial_delay=0.01, max_delay=0.01)
@@ -40,16 +44,18 @@ def stage(root: Path, epoch: int, size: int = BIG) -> tuple[Path, str, Manifest,
 class Pieces:
     """A ``between_chunks`` that records each piece; from piece ``fail_at`` on, fails ``failures`` times."""
 
-    def __init__(self, fail_at: int | None = None, failures: int = 1) -> None:
+    def __init__(self, fail_at: int | None = None, failures: int = 1,
+                 error: Exception | None = None) -> None:
         self.times: list[float] = []
         self.fail_at = fail_at
         self.failures = failures
+        self.error = error or OSError(errno.EIO, "Input/output error (injected)")
 
     def __call__(self) -> None:
         self.times.append(time.monotonic())
         if self.fail_at is not None and len(self.times) >= self.fail_at and self.failures:
             self.failures -= 1
-            raise OSError(errno.EIO, "Input/output error (injected)")
+            raise self.error
 
 
 @pytest.mark.parametrize("size", [STREAM_MIN_BYTES, BIG])
@@ -117,7 +123,86 @@ def test_an_upload_that_keeps_failing_leaves_no_object_and_keeps_nothing_half_se
     assert folder.is_dir()  # the local copy is kept for the next try
 
 
-def test_the_server_going_away_midway_is_one_clear_error(tmp_path: Path) -> None:
+def test_a_broken_pipe_from_a_piece_is_raised_at_once(
+    gcs_bucket: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """urllib3 swallows a BrokenPipeError met while sending and waits for an answer: not this one."""
+    storage = RunStorage(f"{gcs_bucket}/run", retry=FAST_RETRY)
+    folder, name, manifest, payload = stage(tmp_path, 1)
+    pieces = Pieces(fail_at=3, error=BrokenPipeError(errno.EPIPE, "Broken pipe (injected)"))
+    with caplog.at_level(logging.WARNING, logger="resumable"):
+        assert storage.commit(folder, name, manifest, between_chunks=pieces).ok
+    retried = [r.getMessage() for r in caplog.records if "retry 1 of" in r.getMessage()]
+    assert len(retried) == 1 and "BrokenPipeError: [Errno 32] Broken pipe (injected)" in retried[0]
+    assert storage.fs.cat(f"{storage.root}/{name}/model.keras") == payload
+
+
+def test_upload_returns_what_it_sent_and_bills_the_user_project(gcs_bucket: str, tmp_path: Path) -> None:
+    """The module on its own, with a requester-pays filesystem (userProject on each request)."""
+    import gcsfs
+
+    fs = gcsfs.GCSFileSystem(token="anon", project="my-project", requester_pays=True,
+                             skip_instance_cache=True)
+    local = tmp_path / "big.bin"
+    local.write_bytes(os.urandom(BIG))
+    sent: list[int] = []
+    remote = f"{gcs_bucket.removeprefix('gs://')}/big.bin"
+    assert upload(fs, local, remote, before_piece=lambda: None, on_sent=sent.append) == (
+        BIG, crc32c_of_file(local)
+    )
+    assert sum(sent) == BIG and len(sent) == math.ceil(BIG / PIECE_SIZE)
+    assert fs.info(remote)["size"] == BIG  # gcsfs' cache was refreshed
+
+
+def test_a_session_url_is_in_no_error(gcs_bucket: str, tmp_path: Path) -> None:
+    """Its upload_id lets anyone write the object: a refused connection's error names the URL."""
+    import gcsfs
+    import requests
+
+    from resumable.storage import gcs_client, gcs_upload
+
+    fs = gcsfs.GCSFileSystem(token="anon")
+    gcs = gcs_client.client_for(fs)
+    session = gcs.bucket(gcs_bucket.removeprefix("gs://")).blob("x").create_resumable_upload_session(
+        size=1, retry=None
+    )
+    upload_id = re.search(r"upload_id=([^&]+)", session)
+    assert upload_id is not None
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        dead = re.sub(r"//[^/]+/", f"//127.0.0.1:{s.getsockname()[1]}/", session)
+    local = tmp_path / "one"
+    local.write_bytes(b"1")
+    with open(local, "rb") as source, pytest.raises(requests.ConnectionError) as caught:
+        body = gcs_upload._Body(source, 1, local, lambda: None, lambda n: None)
+        gcs_upload._send(gcs.session, dead, body)
+    assert upload_id.group(1) not in str(caught.value) and "Connection refused" in str(caught.value)
+    assert caught.value.__cause__ is None and caught.value.__suppress_context__
+
+
+def test_a_file_that_shrinks_while_sent_leaves_no_object(gcs_bucket: str, tmp_path: Path) -> None:
+    import gcsfs
+
+    fs = gcsfs.GCSFileSystem(token="anon")
+    local = tmp_path / "big.bin"
+    local.write_bytes(os.urandom(BIG))
+    calls: list[int] = []
+
+    def shrink() -> None:
+        calls.append(1)
+        if len(calls) == 3:
+            os.truncate(local, PIECE_SIZE * 2 + 10)
+
+    remote = f"{gcs_bucket.removeprefix('gs://')}/big.bin"
+    with pytest.raises(OSError, match="got shorter while it was being uploaded") as caught:
+        upload(fs, local, remote, before_piece=shrink, on_sent=lambda n: None)
+    assert caught.value.errno == errno.EIO and type(caught.value) is OSError
+    assert not fs.exists(remote)
+
+
+def test_the_server_going_away_midway_is_one_clear_error(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """A real connection cut: the emulator is killed while the request streams."""
     saved = os.environ.get("STORAGE_EMULATOR_HOST")
     try:
@@ -137,12 +222,15 @@ def test_the_server_going_away_midway_is_one_clear_error(tmp_path: Path) -> None
                     server_process(endpoint).kill()
 
             started = time.monotonic()
-            with pytest.raises(StorageError) as caught:
+            with pytest.raises(StorageError) as caught, caplog.at_level(logging.DEBUG):
                 storage.commit(folder, name, manifest, between_chunks=between_chunks)
             message = str(caught.value)
             assert "\n" not in message and "gs://doomed/run" in message
             assert time.monotonic() - started < 60
             assert folder.is_dir()
+            ours = [r.getMessage() for r in caplog.records if r.name == "resumable"]
+            assert len(ours) == FAST_RETRY.attempts - 1
+            assert not any(re.search(r"upload_id=(?!<redacted>)", line) for line in [message, *ours])
     finally:
         if saved is not None:
             point_gcs_clients_at(saved)

@@ -375,7 +375,7 @@ def test_after_a_failed_plain_fit_the_lease_goes_back_once_the_upload_lands(tmp_
     x, y = np.zeros((8, 4), "float32"), np.zeros((8, 1), "float32")
     with pytest.raises(ValueError, match="bad data"):
         model.fit(x, y, epochs=3, verbose=0, callbacks=[checkpoint, BadData()])
-    assert checkpoint.uploader.pending == ["ckpt-000001"]
+    assert checkpoint.manager.pending == ["ckpt-000001"]
     assert read_lease(RunStorage(url)) is not None
 
     threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()  # Ctrl-C while the cell waits

@@ -1,0 +1,77 @@
+"""Compare-and-swap on one small GCS object: what the writer's lease is made of on GCS.
+
+A version is the object's generation, as a string of digits. Writes and deletes carry
+``if_generation_match`` (0: only if absent), so GCS itself refuses a stale one with HTTP 412.
+
+Public API relied on: google-cloud-storage's ``Blob.download_as_bytes`` (which sets
+``Blob.generation`` from the answer), ``Blob.upload_from_string`` and ``Bucket.get_blob`` /
+``Blob.delete`` with ``if_generation_match``, ``google.api_core.exceptions``; fsspec's
+``fs.invalidate_cache``. The client is `gcs_client.client_for`. Requests are made once each
+(``retry=None``): the caller's RetryPolicy decides about retries.
+"""
+
+from __future__ import annotations
+
+import errno
+from typing import Any
+
+from resumable.storage.gcs_client import client_for
+
+
+def read_with_generation(fs: Any, path: str) -> tuple[bytes, str]:
+    """The bytes of object ``path`` (``bucket/key``) and their generation; FileNotFoundError if absent."""
+    from google.api_core.exceptions import NotFound, PreconditionFailed
+
+    blob = client_for(fs).blob(fs, path)
+    try:
+        data = blob.download_as_bytes(retry=None)
+        if blob.generation is None:  # a server that omits X-Goog-Generation: read again, pinned
+            blob.reload(retry=None)
+            data = blob.download_as_bytes(if_generation_match=blob.generation, retry=None)
+    except NotFound:
+        raise FileNotFoundError(errno.ENOENT, "no such object", path) from None
+    except PreconditionFailed:  # replaced between the two reads: worth another try
+        raise OSError(errno.EAGAIN, f"{path} changed while it was read") from None
+    return data, str(blob.generation)
+
+
+def write_if_generation(fs: Any, path: str, data: bytes, generation: int, *,
+                        content_type: str = "application/json") -> str:
+    """Write ``data`` to ``path`` only if its generation still is ``generation`` (0: only if absent).
+
+    Returns the new generation. Raises FileExistsError when GCS refuses (412): another
+    generation is there, or (for 0) any.
+    """
+    from google.api_core.exceptions import PreconditionFailed
+
+    blob = client_for(fs).blob(fs, path)
+    try:
+        blob.upload_from_string(data, content_type=content_type, if_generation_match=int(generation),
+                                retry=None)
+    except PreconditionFailed:
+        raise FileExistsError(errno.EEXIST, f"not generation {generation}", path) from None
+    finally:
+        fs.invalidate_cache(path)  # gcsfs' listings would not show the change
+    return str(blob.generation)
+
+
+def delete_if_generation(fs: Any, path: str, generation: str | int) -> bool:
+    """Delete ``path`` only if its generation still is ``generation``; False when it changed or is gone.
+
+    The generation is read first: fake-gcs-server ignores ``ifGenerationMatch`` on deletes (GCS
+    honours it, and so closes the window between that read and the delete).
+    """
+    from google.api_core.exceptions import NotFound, PreconditionFailed
+
+    gcs = client_for(fs)
+    bucket, key, _ = fs.split_path(path)
+    try:
+        blob = gcs.bucket(bucket).get_blob(key, retry=None)
+        if blob is None or str(blob.generation) != str(generation):
+            return False
+        blob.delete(if_generation_match=int(generation), retry=None)
+    except (NotFound, PreconditionFailed):
+        return False
+    finally:
+        fs.invalidate_cache(path)
+    return True
