@@ -1,7 +1,7 @@
 """Storage: one run folder on any fsspec file system, and the commit protocol.
 
-Reading, listing, transfers, the run index, the writer lease's primitives and the commit
-protocol (`resumable.storage.run_storage`). Imports no Keras.
+`RunStorage` (`run_storage`) is the facade; the commit protocol is described in
+`resumable.storage.commit`. Imports no Keras, and nothing of resumable beyond `resumable.core`.
 """
 
 from resumable.storage.run_storage import (

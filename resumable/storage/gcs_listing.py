@@ -1,17 +1,16 @@
 """The names of the folders directly under a GCS path, without gcsfs' per-entry records.
 
 `resumable list` needs only the names of a run's checkpoint folders. gcsfs' ``ls`` turns each
-into a dict, sorts them and caches them: on a run of 1,000 checkpoints, three times the client
-work of the request itself (9.9M instructions against 2.6M, the response's JSON included).
-This sends the same delimiter listing through gcsfs' ``_do_list_objects``, which pages through
-it with gcsfs' own session, credentials, retries and ``userProject`` (requester-pays buckets),
-and keeps the prefixes as they come. ``_do_list_objects`` and ``split_path`` are gcsfs
-helpers; the tests exercise them against the installed gcsfs and fake-gcs-server.
+into a dict, sorts them and caches them, work this listing has no use for: it keeps the
+prefixes of one delimiter listing as they come (see `gcsfs_compat.folder_prefixes`). The
+tests run it against the installed gcsfs and fake-gcs-server.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from resumable.storage import gcsfs_compat
 
 
 async def folder_names(fs: Any, path: str) -> list[str]:
@@ -19,7 +18,7 @@ async def folder_names(fs: Any, path: str) -> list[str]:
 
     Raises what gcsfs raises for the request (FileNotFoundError for a missing bucket, ...).
     """
-    _, key, _ = fs.split_path(path)
+    _, key = gcsfs_compat.split_path(fs, path)
     start = len(key.rstrip("/")) + 1 if key else 0
-    _, prefixes = await fs._do_list_objects(path)  # delimiter "/": one level
+    prefixes = await gcsfs_compat.folder_prefixes(fs, path)
     return [name for name in (prefix[start:].rstrip("/") for prefix in prefixes) if name]

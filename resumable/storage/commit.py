@@ -1,0 +1,203 @@
+"""The commit protocol: how a checkpoint folder becomes committed, and how it is deleted.
+
+Layout of a run folder (local, a Google Drive mount, ``gs://bucket/prefix`` or ``memory://``)::
+
+    <run>/ckpt-000003/model.keras
+    <run>/ckpt-000003/state.json
+    <run>/ckpt-000003/manifest.json     <- written last: its presence commits the checkpoint
+    <run>/index.json                    <- what `list` shows of each manifest: a two-request `list`
+
+Nothing is renamed and nothing is rewritten in place: GCS has no atomic rename and renames on
+Drive's FUSE mount are unreliable. A folder without a manifest is an interrupted commit
+("partial"); a manifest that disagrees with the files it lists makes it "corrupt". Neither
+is ever used as the latest checkpoint.
+
+Commit, in order:
+
+1. Clear leftovers: a folder of the same name without a good manifest is an interrupted
+   commit (or a corrupt one) and is deleted; a good manifest, or one of a newer format, means
+   the checkpoint is committed already (CheckpointExistsError: never overwritten).
+2. Upload each file, streamed and checksummed as it is sent, and check the stored copy's
+   size (and CRC32C on GCS) before going on (`transfers`).
+3. Write the manifest create-only (GCS' ``ifGenerationMatch=0``, an exclusive create
+   locally, fsynced with its folder entry), then read it back: a write cut short without an
+   error must not report a commit.
+4. Update the run index (`index_upkeep`). The checkpoint is committed already: a failure
+   here only warns.
+
+Delete, in order: the index first (a failure stops the delete: the index never outlives a
+manifest), then the manifest (a half-done delete reads as partial), then the other files.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+from resumable.core.display import human_size
+from resumable.core.errors import (
+    CheckpointExistsError,
+    CorruptCheckpointError,
+    NoSpaceError,
+    ResumableError,
+    StorageError,
+    UnsupportedFormatError,
+)
+from resumable.core.manifest import MANIFEST_NAME, Manifest, now_iso
+from resumable.core.naming import check_name
+from resumable.storage.errors import free_space
+from resumable.storage.folder import RunFolder
+from resumable.storage.index_upkeep import IndexUpkeep
+from resumable.storage.listing import Listing
+from resumable.storage.local_files import fsync
+from resumable.storage.records import CheckpointInfo, checked_info, committed_info
+from resumable.storage.transfers import Transfers
+
+logger = logging.getLogger("resumable")
+
+
+class Committer:
+    """Commits and deletes checkpoint folders in one run folder (see the module docstring)."""
+
+    def __init__(self, folder: RunFolder, listing: Listing, index: IndexUpkeep, transfers: Transfers) -> None:
+        self._folder = folder
+        self._listing = listing
+        self._index = index
+        self._transfers = transfers
+
+    def commit(self, local_dir: str | Path, name: str, manifest: Manifest, *, progress: bool,
+               between_chunks: Callable[[], None] | None) -> CheckpointInfo:
+        """Copy the files under ``local_dir`` into folder ``name``, then write the manifest."""
+        folder = self._folder
+        check_name(name)
+        source = Path(local_dir)
+        if not source.is_dir():
+            raise ResumableError(f"{source}: no such folder to commit as {folder.url_of(name)}")
+        files = {
+            p.relative_to(source).as_posix(): p
+            for p in sorted(source.rglob("*"))
+            if p.is_file() and p.name != MANIFEST_NAME
+        }
+        if not files:
+            raise ResumableError(f"{source}: no files to commit as {folder.url_of(name)}")
+        self._clear_leftovers(name)
+        entries = {}
+        try:
+            for rel, path in files.items():
+                entries[rel] = self._transfers.upload(path, name, rel, progress=progress,
+                                                      between_chunks=between_chunks or _go_on)
+            manifest = replace(manifest, files=entries, created=now_iso())
+            self._write_manifest(name, manifest.to_json())
+        except NoSpaceError as e:
+            needed = human_size(sum(path.stat().st_size for path in files.values()))
+            raise NoSpaceError(
+                f"{folder.url_of(name)}: no space left to commit this checkpoint ({needed} needed"
+                f"{free_space(folder.root) if folder.is_local else ''}); older checkpoints are kept: "
+                "free space (empty Drive's trash), lower keep_last, or choose another folder"
+            ) from e
+        self._index.update(add={name: manifest})
+        return committed_info(name, folder.url_of(name), manifest)
+
+    def delete(self, name: str) -> None:
+        """Delete a checkpoint folder: the index entry, the manifest, then the other files."""
+        folder = self._folder
+        check_name(name)
+        files = folder.listing(folder.path(name)).get(name, {})
+        if MANIFEST_NAME in files:
+            self._index.update(remove=name)  # before the manifest goes: the index never outlives it
+        for rel in sorted(files, key=lambda rel: rel != MANIFEST_NAME):  # the manifest first
+            path = folder.path(name, rel)
+            with folder.errors(folder.url_of(name, rel)):
+                if folder.truncate_before_delete:
+                    # Drive's trash keeps deleted files and counts them against the quota.
+                    folder.call(functools.partial(folder.fs.pipe_file, path, b""), f"truncate {rel}")
+                folder.call(functools.partial(folder.fs.rm_file, path), f"delete {rel}")
+        if folder.is_local:
+            shutil.rmtree(folder.path(name), ignore_errors=True)
+
+    def _clear_leftovers(self, name: str) -> None:
+        """Remove an interrupted or corrupt commit of ``name``; refuse to touch a committed one."""
+        folder = self._folder
+        files = folder.listing(folder.path(name)).get(name)
+        if not files:
+            # Listings can lag behind writes (Drive seen from another VM): a manifest that reads
+            # back is committed, even when no listing shows it yet. Never write over its files.
+            manifest_path = folder.path(name, MANIFEST_NAME)
+            try:
+                with folder.errors(folder.url_of(name, MANIFEST_NAME)):
+                    folder.call(lambda: folder.fs.info(manifest_path), "stat manifest")
+            except FileNotFoundError:
+                return
+            raise CheckpointExistsError(
+                f"{folder.url_of(name)} is already committed (by another process, not listed yet) and "
+                "resumable never overwrites a checkpoint; continue the run with resumable.resume() or "
+                "write to a new folder"
+            )
+        if MANIFEST_NAME in files:
+            blob = folder.read(folder.path(name, MANIFEST_NAME))
+            info = checked_info(name, folder.url_of(name), files, blob)
+            if info.ok or _newer_format(blob):
+                raise CheckpointExistsError(
+                    f"{info.url} is already committed and resumable never overwrites a checkpoint; "
+                    "continue the run with resumable.resume() or write to a new folder"
+                )
+            logger.warning("resumable: replacing corrupt checkpoint %s (%s)", info.url, info.problem)
+        else:
+            logger.info("resumable: removing leftovers of an interrupted save in %s", folder.url_of(name))
+        self.delete(name)
+
+    def _write_manifest(self, name: str, data: bytes) -> None:
+        """Write the manifest create-only, then read it back (step 3 of the module docstring)."""
+        folder = self._folder
+        path = folder.path(name, MANIFEST_NAME)
+        url = folder.url_of(name, MANIFEST_NAME)
+
+        def write() -> None:
+            if folder.is_local:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                with folder.fs.open(path, "xb") as f:  # exclusive create, as GCS' ifGenerationMatch=0
+                    f.write(data)
+                fsync(path)
+                fsync(os.path.dirname(path))  # the folder entry, so the manifest survives a crash
+            else:
+                folder.fs.pipe_file(path, data, mode="create")
+
+        try:
+            with folder.errors(url):
+                folder.call(write, "write manifest")
+        except FileExistsError as e:
+            # A retry after a transient error (Drive's EIO, a GCS 503) whose first try did
+            # land finds our own manifest: that is success, not a second writer.
+            if folder.read(path) == data:
+                return
+            raise CheckpointExistsError(
+                f"{url} appeared while committing: another process is writing this run folder"
+            ) from e
+        # A damaged manifest makes the folder corrupt (never used); the next save replaces it.
+        stored = folder.read(path)
+        if stored != data:
+            found = f"{len(stored)} of {len(data)} bytes" if isinstance(stored, bytes) else str(stored)
+            raise StorageError(f"{url}: the manifest did not land intact ({found}); not committed, "
+                               "the next save tries again")
+
+
+def _newer_format(blob: bytes | Exception) -> bool:
+    """True for a manifest this version cannot read because a newer one wrote it."""
+    if isinstance(blob, Exception):
+        return False
+    try:
+        Manifest.from_json(blob, "")
+    except UnsupportedFormatError:
+        return True
+    except CorruptCheckpointError:
+        return False
+    return False
+
+
+def _go_on() -> None:
+    """The default ``between_chunks``: no pause."""

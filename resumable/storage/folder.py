@@ -1,0 +1,253 @@
+"""A run folder behind any fsspec URL: paths, retried calls, clear errors, reads and listings.
+
+Everything else in `resumable.storage` reaches the filesystem through a `RunFolder`: its
+`call` retries transient errors (and checks Google credentials once, up front), its `errors`
+turns whatever fsspec, gcsfs or the OS raised into one ResumableError line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
+from typing import Any, TypeVar
+
+from resumable.core.checksum import crc32c_from_gcs
+from resumable.core.errors import NotAFolderError, ResumableError
+from resumable.storage import gcsfs_compat
+from resumable.storage.errors import BoundedRequest, translate
+from resumable.storage.local_files import fsync
+from resumable.storage.records import ListedFile
+from resumable.storage.retry import RetryPolicy
+
+# gcsfs 2026.x probes every bucket over gRPC first, which stalls about a minute against
+# emulators; we use none of what that probe enables. Must be set before gcsfs is imported.
+os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+
+import fsspec  # noqa: E402  (after the environment default above)
+
+T = TypeVar("T")
+
+READ_THREADS = 16  # files read at once from a blocking filesystem (local disk, Drive)
+DRIVE_MOUNT = "/content/drive/"
+
+
+class RunFolder:
+    """The filesystem, root path and error handling of one run folder.
+
+    Args:
+        url: A local folder, ``/content/drive/MyDrive/...``, ``gs://bucket/prefix``,
+            ``memory://...`` or any other fsspec URL.
+        retry: Backoff for transient errors. Defaults to ``RetryPolicy()``.
+        storage_options: Passed to the fsspec filesystem (e.g. ``{"token": "anon"}``).
+        truncate_before_delete: Empty files before deleting them (Google Drive's trash).
+            Defaults to True under ``/content/drive/`` and False elsewhere.
+    """
+
+    def __init__(self, url: str, *, retry: RetryPolicy | None = None,
+                 storage_options: dict[str, Any] | None = None,
+                 truncate_before_delete: bool | None = None) -> None:
+        url = os.fspath(url)
+        if not url:
+            raise ResumableError("the run folder URL is empty; pass a folder or gs://bucket/prefix")
+        self.url = url.rstrip("/") or url
+        self.retry = retry or RetryPolicy()
+        try:
+            self.fs, root = fsspec.core.url_to_fs(self.url, **(storage_options or {}))
+        except Exception as e:
+            if type(e).__module__.startswith("google.auth"):  # gcsfs loads credentials here
+                # no filesystem yet: only the credentials branch of translate() applies
+                raise translate(e, self.url, self.url, self.url, is_gcs=True, is_local=False) from e
+            if isinstance(e, (ImportError, ValueError)):
+                raise ResumableError(f"{self.url}: cannot open this URL ({e})") from e
+            raise
+        self.root = root.rstrip("/") or root
+        protocols = (self.fs.protocol,) if isinstance(self.fs.protocol, str) else tuple(self.fs.protocol)
+        self.is_local = "file" in protocols
+        self.is_gcs = "gs" in protocols
+        self._credentials_checked = not self.is_gcs
+        self.truncate_before_delete = (
+            truncate_before_delete
+            if truncate_before_delete is not None
+            else self.is_local and os.path.abspath(self.root).startswith(DRIVE_MOUNT)
+        )
+
+    # ----------------------------------------------------------------- paths, calls, errors
+
+    def path(self, *parts: str) -> str:
+        """The filesystem path of ``parts`` under the run folder."""
+        return "/".join((self.root, *parts))
+
+    def url_of(self, *parts: str) -> str:
+        """The URL of ``parts`` under the run folder, as messages show it."""
+        return "/".join((self.url, *parts))
+
+    def call(self, fn: Callable[[], T], what: str) -> T:
+        """``fn()`` with retries of transient errors, after the one-time credentials check."""
+        if not self._credentials_checked:
+            self._check_credentials()
+        return self.retry.call(fn, what)
+
+    @contextlib.contextmanager
+    def errors(self, where: str) -> Iterator[None]:
+        """Turn whatever fsspec, gcsfs or the OS raised into one clear ResumableError line."""
+        try:
+            yield
+        except ResumableError:
+            raise
+        except Exception as e:
+            raise translate(e, where, self.url, self.root, is_gcs=self.is_gcs, is_local=self.is_local) from e
+
+    def _check_credentials(self) -> None:
+        """Refresh Google credentials once, before the first request, and fail fast.
+
+        gcsfs retries a failed token refresh six times with backoff up to 32 s, and logs a
+        traceback each time: the minute-long hang users see in Colab when not authenticated.
+        One refresh here, outside those retries, turns it into one NotAuthenticatedError line.
+        """
+        found = gcsfs_compat.google_credentials(self.fs)
+        if found is not None:
+            credentials, lock = found
+            if not getattr(credentials, "valid", False):  # else a token still fresh
+                with lock:
+                    credentials.refresh(BoundedRequest())
+        self._credentials_checked = True
+
+    # ----------------------------------------------------------------- reading and writing
+
+    def exists(self) -> bool:
+        """True when the run folder exists (and on GCS, holds at least one object)."""
+        with self.errors(self.url):
+            if self.is_local:
+                if os.path.isfile(self.root):
+                    raise NotAFolderError(f"{self.url} is a file, not a run folder")
+                return os.path.isdir(self.root)
+            return bool(self.list_files()) or self.call(lambda: bool(self.fs.isdir(self.root)), "stat")
+
+    def read(self, path: str) -> bytes | Exception:
+        """The bytes of ``path``, or the FileNotFoundError when it is gone (other errors raise)."""
+        try:
+            with self.errors(path):
+                return self.call(lambda: bytes(self.fs.cat_file(path)), "read manifest")
+        except FileNotFoundError as e:  # deleted between listing and reading
+            return e
+
+    def read_many(self, paths: list[str]) -> dict[str, bytes | Exception]:
+        """Each path's bytes, or the error that reading it met, read at once; keyed by `strip`ped path."""
+        if not paths:
+            return {}
+        results: dict[str, bytes | Exception]
+        if getattr(self.fs, "async_impl", False):
+            with self.errors(self.url):  # gcsfs reads many paths concurrently in one call
+                blobs = self.call(lambda: self.fs.cat(paths, on_error="return"), "read manifests")
+            # cat() with one path returns bytes, with several a dict
+            results = {paths[0]: blobs} if len(paths) == 1 and not isinstance(blobs, dict) else dict(blobs)
+        else:
+            # Local and Drive reads are blocking; on Drive's FUSE mount each one can wait on the network.
+            with ThreadPoolExecutor(max_workers=READ_THREADS) as pool:
+                results = dict(zip(paths, pool.map(self._read_once, paths), strict=True))
+        for path, value in list(results.items()):
+            if isinstance(value, Exception) and not isinstance(value, FileNotFoundError):
+                results[path] = self.read(path)  # one more try, with retries, alone
+        return {self.strip(path): value for path, value in results.items()}
+
+    def _read_once(self, path: str) -> bytes | Exception:
+        try:
+            return bytes(self.fs.cat_file(path))
+        except Exception as e:  # reported per path, like fs.cat(on_error="return")
+            return e
+
+    def replace_file(self, path: str, data: bytes) -> None:
+        """Overwrite a small file in one step: readers see the old or the new bytes, never a mix."""
+        if not self.is_local:
+            self.fs.pipe_file(path, data)  # one object write: atomic on GCS
+            return
+        temporary = f"{path}.{os.getpid()}.tmp"
+        with self.fs.open(temporary, "wb") as f:
+            f.write(data)
+        fsync(temporary)
+        os.replace(temporary, path)  # a crash leaves the old file and a stray .tmp, never half a file
+
+    def strip(self, path: str) -> str:
+        """A path as listings and reads name it: without the protocol or a trailing "/"."""
+        return gcsfs_compat.strip_protocol(self.fs, path)
+
+    # ----------------------------------------------------------------- listings
+
+    def list_files(self, path: str | None = None) -> dict[str, dict[str, Any]]:
+        """Every file under ``path`` (the run folder by default) with its details: one recursive listing."""
+        path = path or self.root
+        with self.errors(self.url):
+            if self.is_gcs:
+                self.fs.invalidate_cache(path)  # another process may have written since
+            found = self.call(lambda: self.fs.find(path, detail=True), "list")
+        if self.root in found and found[self.root].get("type") != "directory":
+            raise NotAFolderError(
+                f"{self.url} is a file, not a run folder; pass the folder that holds the checkpoints"
+            )
+        return dict(found)
+
+    def listing(self, path: str | None = None) -> dict[str, dict[str, ListedFile]]:
+        """Files under ``path`` grouped by checkpoint folder: {name: {relative path: ListedFile}}."""
+        prefix = self.root + "/"
+        grouped: dict[str, dict[str, ListedFile]] = {}
+        for full, detail in self.list_files(path).items():
+            full = full.rstrip("/")
+            if not full.startswith(prefix) or detail.get("type") == "directory":
+                continue
+            name, _, rel = full[len(prefix):].partition("/")
+            if not rel:
+                continue  # a file directly in the run folder (a lease, the index) is no checkpoint
+            grouped.setdefault(name, {})[rel] = listed_file(detail)
+        return grouped
+
+    def folder_names(self) -> list[str]:
+        """The names of the folders directly in the run folder: one delimiter listing."""
+        with self.errors(self.url):
+            if self.is_gcs:
+                self.fs.invalidate_cache(self.root)  # another process may have written since
+            try:
+                entries = self.call(lambda: self.fs.ls(self.root, detail=True), "list")
+            except FileNotFoundError:
+                if self.is_gcs:
+                    self.list_files()  # tells a missing bucket (an error) from an empty prefix
+                return []
+        return self.folder_names_in(entries)
+
+    def folder_names_in(self, entries: list[dict[str, Any]]) -> list[str]:
+        """The folder names among the entries of ``ls(root, detail=True)``; a file at the root raises."""
+        names = []
+        for entry in entries:
+            path = entry["name"].rstrip("/")
+            if "://" in path:
+                path = self.strip(path)  # most filesystems list paths without their protocol
+            if entry.get("type") != "directory":
+                if path == self.root:
+                    raise NotAFolderError(
+                        f"{self.url} is a file, not a run folder; pass the folder that holds the checkpoints"
+                    )
+                continue
+            name = path.rsplit("/", 1)[-1]
+            if path != self.root and name:
+                names.append(name)
+        return names
+
+
+def listed_file(detail: dict[str, Any]) -> ListedFile:
+    """A listing's record of one file (fsspec's ``info`` dict) as a `ListedFile`."""
+    crc = detail.get("crc32c")
+    modified = detail.get("mtime") or detail.get("updated") or detail.get("created")
+    if isinstance(modified, (int, float)):
+        modified = datetime.fromtimestamp(modified).astimezone()
+    elif isinstance(modified, str):
+        try:
+            modified = datetime.fromisoformat(modified.replace("Z", "+00:00"))
+        except ValueError:
+            modified = None
+    return ListedFile(
+        size=int(detail.get("size") or 0),
+        crc32c=crc32c_from_gcs(crc) if isinstance(crc, str) and crc else None,
+        modified=modified if isinstance(modified, datetime) else None,
+    )

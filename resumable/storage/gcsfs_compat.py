@@ -1,0 +1,115 @@
+"""The few private fsspec and gcsfs members the listing and reading code uses, in one place.
+
+Each is looked up once per filesystem class. Where one is missing (another fsspec or gcsfs
+release), a public API serves instead, slower; where none can, the call fails with one line
+that names the installed gcsfs. (`gcs_client` hands gcsfs' credentials to google-cloud-storage;
+`run_files` still sends its GCS requests through gcsfs until `gcs_objects` takes them over.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import fsspec.asyn
+
+from resumable.core.errors import StorageError
+
+T = TypeVar("T")
+
+
+_probed: dict[tuple[type, str], Any] = {}
+
+
+def _member(cls: type, name: str) -> Any:
+    """``cls.name`` when the class has it, else None: probed once per class."""
+    key = (cls, name)
+    if key not in _probed:
+        _probed[key] = getattr(cls, name, None)
+    return _probed[key]
+
+
+def strip_protocol(fs: Any, path: str) -> str:
+    """``path`` as ``fs`` names it internally: ``gs://b/k/`` -> ``b/k``."""
+    strip = _member(type(fs), "_strip_protocol")  # a classmethod of every fsspec filesystem
+    if strip is not None:
+        return str(strip(path)).rstrip("/")
+    _, separator, rest = path.partition("://")
+    return (rest if separator else path).rstrip("/")
+
+
+def awaits_listing_and_reads(fs: Any) -> bool:
+    """True when ``fs`` can list a folder and read a file at once on its event loop (gcsfs)."""
+    cls = type(fs)
+    return bool(getattr(fs, "async_impl", False)) and all(
+        _member(cls, name) is not None for name in ("_ls", "_cat_file", "loop"))
+
+
+async def ls(fs: Any, path: str) -> list[dict[str, Any]]:
+    """``fs.ls(path, detail=True)``, awaited (only where `awaits_listing_and_reads`)."""
+    entries: list[dict[str, Any]] = await fs._ls(path, detail=True)
+    return entries
+
+
+async def cat_file(fs: Any, path: str) -> bytes:
+    """``fs.cat_file(path)``, awaited (only where `awaits_listing_and_reads`)."""
+    return bytes(await fs._cat_file(path))
+
+
+def run(fs: Any, coroutine: Callable[[], Awaitable[T]]) -> T:
+    """Run ``coroutine()`` on the filesystem's event loop and wait for its result."""
+    result: T = fsspec.asyn.sync(fs.loop, coroutine)
+    return result
+
+
+def split_path(fs: Any, path: str) -> tuple[str, str]:
+    """``(bucket, key)`` of a GCS path ``bucket/key`` (no protocol)."""
+    split = _member(type(fs), "split_path")
+    if split is not None:
+        bucket, key, _ = fs.split_path(path)
+        return str(bucket), str(key)
+    if "://" in path:
+        path = path.split("://", 1)[1]
+    bucket, _, key = path.partition("/")
+    return bucket, key
+
+
+async def folder_prefixes(fs: Any, path: str) -> list[str]:
+    """The keys of the folders directly under GCS ``path``, each ending in "/", as listed.
+
+    gcsfs' ``_do_list_objects`` sends one delimiter listing (paged, with gcsfs' session,
+    retries and ``userProject``) and hands back the prefixes as they come, without building,
+    sorting and caching a record per entry as ``ls`` does; ``ls`` serves where it is missing.
+    """
+    cls = type(fs)
+    if _member(cls, "_do_list_objects") is not None:
+        _, prefixes = await fs._do_list_objects(path)  # delimiter "/": one level
+        return [str(prefix) for prefix in prefixes]
+    if _member(cls, "_ls") is None:
+        raise StorageError(f"{path}: cannot list folders with gcsfs {_gcsfs_version()}; "
+                           "install a gcsfs release this resumable supports")
+    bucket_length = len(split_path(fs, path)[0]) + 1
+    return [entry["name"].rstrip("/")[bucket_length:] + "/"
+            for entry in await ls(fs, path) if entry.get("type") == "directory"]
+
+
+def google_credentials(fs: Any) -> tuple[Any, contextlib.AbstractContextManager[Any]] | None:
+    """The google-auth credentials of a gcsfs filesystem and the lock gcsfs refreshes them under.
+
+    None for anonymous access, and where this gcsfs keeps them elsewhere: then the first request
+    finds out, with gcsfs' own (slower) retries.
+    """
+    holder = getattr(fs, "credentials", None)  # gcsfs' GoogleCredentials
+    credentials = getattr(holder, "credentials", None)
+    if credentials is None:
+        return None
+    return credentials, getattr(holder, "lock", None) or contextlib.nullcontext()
+
+
+def _gcsfs_version() -> str:
+    try:
+        import gcsfs
+    except ImportError:
+        return "(not installed)"
+    return str(getattr(gcsfs, "__version__", "(unknown version)"))

@@ -1,0 +1,165 @@
+"""Which checkpoints a run folder holds and in what state: listed, newest first, or one by name."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+from resumable.core.manifest import MANIFEST_NAME
+from resumable.core.naming import NameTemplate
+from resumable.storage import gcs_listing, gcsfs_compat, run_index
+from resumable.storage.folder import RunFolder
+from resumable.storage.index_upkeep import indexed_infos, read_index
+from resumable.storage.records import CheckpointInfo, ListedFile, checked_info
+
+logger = logging.getLogger("resumable")
+
+QUICK_FALLBACK_FOLDERS = 8  # more folders missing from the run index: one recursive listing instead
+
+
+class Listing:
+    """The checkpoints of one run folder, ordered by the manifests' (epoch, step), then by name.
+
+    ``template`` orders folders without a readable manifest (partial ones) by their names.
+    """
+
+    def __init__(self, folder: RunFolder, template: NameTemplate) -> None:
+        self._folder = folder
+        self.template = template
+
+    def full(self) -> list[CheckpointInfo]:
+        """Every folder, its files checked against its manifest.
+
+        One recursive listing, then every manifest read at once.
+        """
+        listing = self._folder.listing()
+        infos = self._checked(listing, sorted(listing))
+        return sorted(infos, key=self.order)
+
+    def quick(self) -> list[CheckpointInfo]:
+        """Checkpoints from one listing of folder names plus the run index: two requests.
+
+        Folders the index misses, or rows with a bad value, are checked from their own files.
+        """
+        names, indexed = self._names_and_index()
+        infos = [indexed[name] for name in names if name in indexed]
+        infos += self.check_folders([name for name in names if name not in indexed])
+        return sorted(infos, key=self.order)
+
+    def newest_first(self) -> Iterator[CheckpointInfo]:
+        """Good checkpoints, newest first; manifests are read one at a time, as needed.
+
+        Newer partial or corrupt checkpoints that are skipped are logged as warnings.
+        """
+        listing = self._folder.listing()
+        committed = [name for name, files in listing.items() if MANIFEST_NAME in files]
+        keys: dict[str, tuple[int, int]] = {}
+        unparsed = []
+        for name in committed:
+            key = self.template.parse(name)
+            if key is None:
+                unparsed.append(name)
+            else:
+                keys[name] = key
+        infos = {info.name: info for info in self._checked(listing, unparsed)}
+        for name in unparsed:  # folders written with another template: ordered by their manifests
+            manifest = infos[name].manifest
+            keys[name] = (manifest.epoch, manifest.step) if manifest else (-1, -1)
+        ordered = sorted(committed, key=lambda n: (keys[n], n), reverse=True)
+        for name in self._partial_newer_than(listing, keys[ordered[0]] if ordered else None):
+            logger.warning("resumable: ignoring %s: no manifest (an interrupted save)",
+                           self._folder.url_of(name))
+        for name in ordered:
+            info = infos.get(name) or self._check(name, listing[name])
+            if info.ok:
+                yield info
+            else:
+                logger.warning("resumable: skipping %s: %s", info.url, info.problem)
+
+    def get(self, name: str) -> CheckpointInfo | None:
+        """One checkpoint by folder name, with its status; None when the folder holds nothing."""
+        files = self._folder.listing(self._folder.path(name)).get(name)
+        if not files:
+            self._folder.list_files()  # raises NotAFolderError if the run folder is a file
+            return None
+        return self._check(name, files)
+
+    def check_folders(self, names: list[str]) -> list[CheckpointInfo]:
+        """Checkpoint folders checked from their own files and manifests (empty folders left out)."""
+        if len(names) > QUICK_FALLBACK_FOLDERS:  # an old run without an index: one recursive listing
+            listing = self._folder.listing()
+            return self._checked(listing, [name for name in names if name in listing])
+        infos = []
+        for name in names:
+            files = self._folder.listing(self._folder.path(name)).get(name)
+            if files:  # an empty folder is no checkpoint, as in the full listing
+                infos.append(self._check(name, files))
+        return infos
+
+    def order(self, info: CheckpointInfo) -> tuple[Any, ...]:
+        """The sort key: (epoch, step) from the manifest, else from the name, then the name."""
+        epoch = info.epoch
+        if epoch is not None:
+            return (0, epoch, info.step, info.name)
+        key = self.template.parse(info.name)
+        return (0, key[0], key[1], info.name) if key else (1, 0, 0, info.name)
+
+    # ----------------------------------------------------------------- helpers
+
+    def _check(self, name: str, files: dict[str, ListedFile]) -> CheckpointInfo:
+        """One folder checked: its manifest read alone."""
+        folder = self._folder
+        blob = folder.read(folder.path(name, MANIFEST_NAME)) if MANIFEST_NAME in files else None
+        return checked_info(name, folder.url_of(name), files, blob)
+
+    def _checked(self, listing: dict[str, dict[str, ListedFile]], names: list[str]) -> list[CheckpointInfo]:
+        """The folders ``names`` of ``listing`` checked, their manifests read at once."""
+        folder = self._folder
+        manifests = {name: folder.path(name, MANIFEST_NAME)
+                     for name in names if MANIFEST_NAME in listing[name]}
+        blobs = folder.read_many(list(manifests.values()))
+        return [checked_info(name, folder.url_of(name), listing[name],
+                             blobs.get(manifests[name]) if name in manifests else None) for name in names]
+
+    def _partial_newer_than(self, listing: dict[str, dict[str, ListedFile]],
+                            newest: tuple[int, int] | None) -> list[str]:
+        """Folders without a manifest whose names say they are newer than ``newest``."""
+        partial = [name for name, files in listing.items() if MANIFEST_NAME not in files]
+        keys = {name: self.template.parse(name) for name in partial}
+        return sorted(n for n, k in keys.items() if k is not None and (newest is None or k > newest))
+
+    def _names_and_index(self) -> tuple[list[str], dict[str, CheckpointInfo]]:
+        """The folder names (one delimiter listing) and the run index's checkpoints, read together."""
+        folder = self._folder
+        if not gcsfs_compat.awaits_listing_and_reads(folder.fs):
+            names = folder.folder_names()
+            return names, indexed_infos(folder, read_index(folder)) if names else {}
+        fs = folder.fs
+
+        async def folder_names() -> list[str]:
+            if folder.is_gcs:
+                return await gcs_listing.folder_names(fs, folder.root)  # the names only: cheaper
+            return folder.folder_names_in(await gcsfs_compat.ls(fs, folder.root))
+
+        async def indexed() -> dict[str, CheckpointInfo]:
+            # Built here, on the event loop, while the listing's answer is still on its way:
+            # the server's time to list the folder then pays for most of this work.
+            blob = await gcsfs_compat.cat_file(fs, folder.path(run_index.INDEX_NAME))
+            return indexed_infos(folder, run_index.decode(blob))
+
+        async def both() -> tuple[list[str] | BaseException, dict[str, CheckpointInfo] | BaseException]:
+            return await asyncio.gather(folder_names(), indexed(), return_exceptions=True)
+
+        if folder.is_gcs:
+            fs.invalidate_cache(folder.root)  # another process may have written since
+        found, infos = gcsfs_compat.run(fs, both)
+        if isinstance(infos, FileNotFoundError):
+            infos = {}  # no index (yet): every folder is checked from its own files
+        if isinstance(found, BaseException) or not found or isinstance(infos, BaseException):
+            # Again, one request at a time, with retries and errors that say what is wrong. An
+            # empty listing too: a missing bucket, a file instead of a folder, or a new run.
+            names = folder.folder_names()
+            return names, indexed_infos(folder, read_index(folder)) if names else {}
+        return found, infos

@@ -1,0 +1,216 @@
+"""Moving checkpoint files: upload one file and check the stored copy, download and check, verify.
+
+Files are streamed in chunks and checksummed (CRC32C) as they go, never read whole into
+memory. ``progress`` shows a tqdm bar with the throughput for files of `PROGRESS_MIN_BYTES`
+or more.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import functools
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from resumable.core.checksum import CHUNK_SIZE, RunningCrc32c, crc32c_of_chunks, crc32c_of_file
+from resumable.core.errors import CorruptCheckpointError
+from resumable.core.manifest import MANIFEST_NAME, FileEntry, Manifest
+from resumable.storage import gcs_upload
+from resumable.storage.folder import RunFolder, listed_file
+from resumable.storage.local_files import fsync
+from resumable.storage.records import CheckpointInfo, Status, mismatch
+
+PROGRESS_MIN_BYTES = 4 * 1024 * 1024  # files at least this big get a progress bar when asked
+UPLOAD_BLOCK = 50 * 2**20  # bytes per GCS upload request, as gcsfs' put_file sends them
+STREAM_MIN_BYTES = 8 * 2**20  # GCS files this big go up as one streamed request (see gcs_upload)
+
+
+class Transfers:
+    """Uploads, downloads and re-reads the files of checkpoints in one run folder."""
+
+    def __init__(self, folder: RunFolder) -> None:
+        self._folder = folder
+
+    def upload(self, local: Path, name: str, rel: str, *, progress: bool,
+               between_chunks: Callable[[], None]) -> FileEntry:
+        """Upload one file to ``name/rel`` and check the stored copy; its size and CRC32C as sent.
+
+        ``between_chunks`` is called before each chunk is sent (background uploads wait there).
+        """
+        folder = self._folder
+        remote = folder.path(name, rel)
+
+        def put_and_check() -> FileEntry:
+            if folder.is_local:
+                os.makedirs(os.path.dirname(remote), exist_ok=True)
+            sent = self._put(local, remote, progress, f"upload {rel}", between_chunks)
+            if folder.is_local:
+                fsync(remote)  # on disk before the manifest that vouches for it
+            stored = listed_file(folder.fs.info(remote))
+            if stored.size != sent.size or (stored.crc32c and stored.crc32c != sent.crc32c):
+                # a short or damaged upload: worth another try
+                found = FileEntry(stored.size, stored.crc32c or "?")
+                raise OSError(errno.EIO, f"uploaded copy differs: {mismatch(sent, found)}")
+            return sent
+
+        with folder.errors(folder.url_of(name, rel)):
+            return folder.call(put_and_check, f"upload {name}/{rel}")
+
+    def fetch(self, info: CheckpointInfo, local_dir: str | Path, *, progress: bool) -> Path:
+        """Download a checkpoint into ``local_dir`` and check every file's size and CRC32C.
+
+        Files already in ``local_dir`` with the right checksum are not downloaded again.
+        Raises CorruptCheckpointError if a file disagrees with the manifest.
+        """
+        folder = self._folder
+        manifest = _restorable_manifest(info)
+        target = Path(local_dir)
+        target.mkdir(parents=True, exist_ok=True)
+        for rel, entry in manifest.files.items():
+            local = target / rel
+            if local.is_file() and FileEntry(local.stat().st_size, crc32c_of_file(local)) == entry:
+                continue  # already in the cache
+            local.parent.mkdir(parents=True, exist_ok=True)
+            partial = local.with_name(local.name + ".part")
+            download = functools.partial(self._download, folder.path(info.name, rel), str(partial),
+                                         entry.size, progress, f"download {rel}")
+            with folder.errors(folder.url_of(info.name, rel)):
+                folder.call(download, f"download {rel}")
+            actual = FileEntry(partial.stat().st_size, crc32c_of_file(partial))
+            if actual != entry:
+                partial.unlink()
+                raise CorruptCheckpointError(
+                    f"{folder.url_of(info.name, rel)}: {mismatch(entry, actual)}; "
+                    "the checkpoint is damaged, an older one will be used"
+                )
+            os.replace(partial, local)
+        (target / MANIFEST_NAME).write_bytes(manifest.to_json())
+        return target
+
+    def verify(self, info: CheckpointInfo) -> list[str]:
+        """Re-read every file of a checkpoint; one line per problem (empty if good)."""
+        if info.manifest is None:
+            return [f"{info.url}: {info.problem}"]
+        folder = self._folder
+        problems = []
+        for rel, entry in info.manifest.files.items():
+            url = folder.url_of(info.name, rel)
+            if rel not in info.listed:
+                problems.append(f"{url}: missing")
+                continue
+            with folder.errors(url):
+                actual = folder.call(functools.partial(self._checksum, folder.path(info.name, rel)),
+                                     f"read {rel}")
+            if actual != entry:
+                problems.append(f"{url}: {mismatch(entry, actual)}")
+        return problems
+
+    # ----------------------------------------------------------------- helpers
+
+    def _put(self, local: Path, remote: str, progress: bool, what: str,
+             between_chunks: Callable[[], None]) -> FileEntry:
+        """Stream ``local`` to ``remote`` a chunk at a time; the size and CRC32C of what was sent.
+
+        One read of the file serves the upload and its checksum. On GCS a big file goes up as
+        one request streamed in pieces (`gcs_upload`); anything else through the filesystem's
+        file object (on GCS, a smaller file in one request).
+        """
+        size = local.stat().st_size
+        bar = _progress_bar(size, what) if progress and size >= PROGRESS_MIN_BYTES else None
+        try:
+            if self._folder.is_gcs and size >= STREAM_MIN_BYTES:
+                with contextlib.suppress(gcs_upload.NotStreamable):
+                    on_sent = bar.update if bar is not None else _ignore
+                    sent, crc32c = gcs_upload.upload(self._folder.fs, local, remote,
+                                                     before_piece=between_chunks, on_sent=on_sent)
+                    return FileEntry(sent, crc32c)
+            return self._write_chunks(local, remote, between_chunks, bar)
+        finally:
+            if bar is not None:
+                bar.close()
+
+    def _write_chunks(self, local: Path, remote: str, between_chunks: Callable[[], None],
+                      bar: Any) -> FileEntry:
+        options = {"block_size": UPLOAD_BLOCK} if self._folder.is_gcs else {}
+        checksum = RunningCrc32c()
+        sent = 0
+        with open(local, "rb") as source:
+            target = self._folder.fs.open(remote, "wb", **options)
+            try:
+                for chunk in iter(lambda: source.read(CHUNK_SIZE), b""):
+                    between_chunks()
+                    target.write(chunk)
+                    checksum.update(chunk)
+                    sent += len(chunk)
+                    if bar is not None:
+                        bar.update(len(chunk))
+            except BaseException:
+                _abandon(target)
+                raise
+            target.close()
+        return FileEntry(sent, checksum.hex())
+
+    def _download(self, remote: str, local: str, size: int, progress: bool, what: str) -> None:
+        """``fs.get_file``, with a progress bar for big files when asked."""
+        get_file = self._folder.fs.get_file
+        if not progress or size < PROGRESS_MIN_BYTES:
+            get_file(remote, local)
+            return
+        from fsspec.callbacks import TqdmCallback
+
+        callback = TqdmCallback(tqdm_kwargs={
+            "desc": f"resumable: {what}", "unit": "B", "unit_scale": True, "unit_divisor": 1024,
+            "leave": False, "mininterval": 0.5,
+        })
+        try:
+            callback.set_size(size)
+            get_file(remote, local, callback=callback)
+            if callback.value < size:  # local copies ignore the callback
+                callback.absolute_update(size)
+        finally:
+            callback.close()
+
+    def _checksum(self, path: str) -> FileEntry:
+        """Size and CRC32C of a stored file, read a chunk at a time."""
+        size = 0
+
+        def chunks() -> Iterator[bytes]:
+            nonlocal size
+            with self._folder.fs.open(path, "rb", block_size=CHUNK_SIZE) as f:
+                while chunk := f.read(CHUNK_SIZE):
+                    size += len(chunk)
+                    yield chunk
+
+        crc = crc32c_of_chunks(chunks())
+        return FileEntry(size, crc)
+
+
+def _restorable_manifest(info: CheckpointInfo) -> Manifest:
+    if info.manifest is None or info.status is not Status.OK:
+        raise CorruptCheckpointError(f"{info.url}: {info.problem or info.status}; cannot restore it")
+    return info.manifest
+
+
+def _ignore(_: int) -> None:
+    """No progress bar to move."""
+
+
+def _abandon(target: Any) -> None:
+    """Give up a half-written remote file: a GCS upload is cancelled, a local file is overwritten later."""
+    discard = getattr(target, "discard", None)
+    if callable(discard):
+        with contextlib.suppress(Exception):
+            discard()
+    else:
+        with contextlib.suppress(Exception):
+            target.close()
+
+
+def _progress_bar(size: int, what: str) -> Any:
+    from tqdm import tqdm
+
+    return tqdm(total=size, desc=f"resumable: {what}", unit="B", unit_scale=True, unit_divisor=1024,
+                leave=False, mininterval=0.5)

@@ -1,0 +1,65 @@
+"""What the storage tests share: files to commit, raw reads and writes in a run folder, summaries."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+from resumable import Manifest, RunStorage
+
+FILES = {
+    "model.keras": bytes(random.Random(0).randrange(256) for _ in range(50_000)),
+    "state.json": b'{"epoch": 3}\n',
+    "assets/vocab.txt": b"a\nb\n",
+}
+
+# The filesystem calls `fs_calls` counts (tests/storage/conftest.py).
+COUNTED = (
+    "find",
+    "ls",
+    "walk",
+    "glob",
+    "info",
+    "exists",
+    "isdir",
+    "isfile",
+    "cat",
+    "cat_file",
+    "open",
+    "get_file",
+    "du",
+    "expand_path",
+)
+
+
+def stage(folder: Path, files: dict[str, bytes] | None = None) -> Path:
+    for rel, data in (files or FILES).items():
+        (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+        (folder / rel).write_bytes(data)
+    return folder
+
+
+def commit(
+    storage: RunStorage, tmp_path: Path, name: str, manifest: Manifest, files: dict[str, bytes] | None = None
+) -> Any:
+    return storage.commit(stage(tmp_path / "stage" / name, files), name, manifest)
+
+
+def raw(storage: RunStorage, *parts: str) -> bytes:
+    return bytes(storage.fs.cat_file("/".join((storage.root, *parts))))
+
+
+def put_raw(storage: RunStorage, data: bytes, *parts: str) -> None:
+    path = "/".join((storage.root, *parts))
+    if storage.is_local:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+    storage.fs.pipe_file(path, data)
+
+
+def names(infos: Any) -> list[str]:
+    return [info.name for info in infos]
+
+
+def summary(infos: Any) -> list[tuple[Any, ...]]:
+    return [(i.name, i.status, i.epoch, i.step, i.size, i.metrics, i.created) for i in infos]
