@@ -7,7 +7,7 @@ Example:
 
 ```
 resumable list gs://my-bucket/runs/exp1
-resumable verify /content/drive/MyDrive/runs/exp1 --all
+resumable verify /content/drive/MyDrive/runs/exp1
 resumable prune ./runs/exp1 --keep-last 3 --keep-best 1 --monitor val_loss --dry-run
 ```
 
@@ -98,7 +98,7 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    return run_verify(args.url, epoch=args.epoch, name=args.name, all_checkpoints=args.all, as_json=args.json)
+    return run_verify(args.url, epoch=args.epoch, name=args.name, latest=args.latest, as_json=args.json)
 
 
 def _prune(args: argparse.Namespace) -> int:
@@ -162,7 +162,9 @@ def _inspect_arguments(inspect: argparse.ArgumentParser) -> None:
 
 def _verify_arguments(verify: argparse.ArgumentParser) -> None:
     _add_url(verify)
-    _add_selection(verify).add_argument("--all", action="store_true", help="verify every checkpoint")
+    selection = _add_selection(verify)
+    selection.add_argument("--latest", action="store_true", help="verify only the latest good checkpoint")
+    selection.add_argument("--all", action="store_true", help="verify every checkpoint (the default)")
     _add_json(verify)
 
 
@@ -194,7 +196,7 @@ _SUBCOMMANDS: tuple[tuple[str, tuple[str, ...], Callable[[argparse.Namespace], i
                           Callable[[argparse.ArgumentParser], None]], ...] = (
     ("list", ("ls",), _list, "show every checkpoint with its status", _list_arguments),
     ("inspect", (), _inspect, "show one checkpoint's manifest", _inspect_arguments),
-    ("verify", (), _verify, "re-read files and check sizes and CRC32C", _verify_arguments),
+    ("verify", (), _verify, "re-read every file and check its size and CRC32C", _verify_arguments),
     ("prune", (), _prune, "delete checkpoints that no retention rule keeps", _prune_arguments),
     ("demo", (), _demo, "train a tiny model, interrupt it and resume it", _demo_arguments),
 )

@@ -31,7 +31,8 @@ def run_inspect(url: str, *, epoch: int | None = None, name: str | None = None, 
             ("step", str(manifest.step)),
             ("batch", f"{manifest.batch} (mid-epoch save)" if manifest.batch else "0 (end of epoch)"),
             ("created", utc_time(info.created_iso)),
-            ("size", f"{human_size(manifest.total_size)} in {plural(len(manifest.files), 'file')}"),
+            # as `list` and `verify` count it: every file stored, the manifest included
+            ("size", f"{human_size(info.size)}: {plural(len(manifest.files), 'file')} and the manifest"),
             ("versions", ", ".join(f"{k} {v}" for k, v in manifest.versions.items()) or "-"),
             ("format", str(manifest.format_version)),
         ]

@@ -47,6 +47,13 @@ def run_prune(
     )
     pruning = manager.plan_pruning(retention, checkpoints=infos)
     decisions, doomed, freed = pruning.decisions, pruning.doomed, pruning.freed
+    if doomed and not dry_run:  # refuse before showing a plan that will not be carried out
+        if not yes and not sys.stdin.isatty():
+            raise UsageError("refusing to delete without confirmation: not a terminal; "
+                             "pass --yes to delete, or --dry-run to preview")
+        holder = None if force else manager.blocking_writer()
+        if holder is not None:
+            raise _writer_busy(manager, holder.describe())
     if not as_json:
         _print_plan(infos, decisions, ranking)
     if doomed and not dry_run:
@@ -97,11 +104,14 @@ def _writer_lease(manager: RunManager, force: bool) -> Iterator[None]:
             yield
     except LeaseHeldError:
         holder = read_lease(manager.storage)
-        who = holder.describe() if holder else "another process"
-        raise UsageError(
-            f"{manager.url} is being written by {who}; its callback prunes it. Stop that training "
-            "first, or pass --force to delete anyway"
-        ) from None
+        raise _writer_busy(manager, holder.describe() if holder else "another process") from None
+
+
+def _writer_busy(manager: RunManager, who: str) -> UsageError:
+    return UsageError(
+        f"{manager.url} is being written by {who}; its callback prunes it. Stop that training "
+        "first, or pass --force to delete anyway"
+    )
 
 
 def _print_plan(infos: Sequence[CheckpointInfo], decisions: Sequence[Decision], ranking: Ranking) -> None:

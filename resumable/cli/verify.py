@@ -15,24 +15,25 @@ VERIFY_WORKERS = 8  # checkpoints re-read at once; reads are I/O bound on GCS an
 
 
 def run_verify(
-    url: str, *, epoch: int | None = None, name: str | None = None, all_checkpoints: bool = False,
+    url: str, *, epoch: int | None = None, name: str | None = None, latest: bool = False,
     as_json: bool = False,
 ) -> int:
-    """Verify every checkpoint, or the one picked by ``name`` or ``epoch``, else the latest good one.
+    """Verify every checkpoint (the default), or the one picked by ``name`` or ``epoch``, or
+    with ``latest`` only the latest good one.
 
     Returns:
         0 when every checked checkpoint matches its manifest, 1 when one is corrupt or none is good.
     """
     storage, infos = load_run(url)
-    if all_checkpoints:
-        targets = list(infos)
-    elif epoch is not None or name is not None:
+    narrowed = latest or epoch is not None or name is not None
+    if epoch is not None or name is not None:
         targets = [select_checkpoint(storage, infos, epoch, name)]
+    elif latest_good(infos) is None:
+        return _no_good_checkpoint(storage, infos, as_json)
+    elif latest:
+        targets = [latest_good(infos)]  # type: ignore[list-item]
     else:
-        latest = latest_good(infos)
-        if latest is None:
-            return _no_good_checkpoint(storage, infos, as_json)
-        targets = [latest]
+        targets = list(infos)
     results = _verify_all(storage, targets)
     failed = [n for n, (status, _) in results.items() if status == "corrupt"]
     if as_json:
@@ -49,13 +50,27 @@ def run_verify(
         out(f"{status.upper() if status == 'corrupt' else status:8} {info.name}  {detail}".rstrip())
         out_lines(f"  {problem}" for problem in problems)
     checked = len(results) - sum(1 for s, _ in results.values() if s == "partial")
+    if narrowed:
+        out_lines(_unchecked_leftovers(storage.url, infos, targets))
     if failed:
         out(f"verification failed: {len(failed)} of {checked} checkpoints corrupt")
-        if not all_checkpoints:
-            out(f"resume() skips a corrupt checkpoint; `resumable verify {storage.url} --all` checks all")
+        if narrowed:
+            out(f"resume() skips a corrupt checkpoint; `resumable verify {storage.url}` checks all")
         return EXIT_VERIFY_FAILED
     out(f"verified {plural(checked, 'checkpoint')}: all files match their manifests")
     return EXIT_OK
+
+
+def _unchecked_leftovers(url: str, infos: Sequence[CheckpointInfo],
+                         targets: Sequence[CheckpointInfo]) -> list[str]:
+    """A note on partial folders the narrowed check left out: interrupted saves, never restored."""
+    shown = {info.name for info in targets}
+    partial = [i.name for i in infos if i.status is Status.PARTIAL and i.name not in shown]
+    if not partial:
+        return []
+    return [f"note: {plural(len(partial), 'partial folder')} ({', '.join(partial[:5])}"
+            f"{', ...' if len(partial) > 5 else ''}): interrupted saves, never restored; "
+            f"`resumable prune {url}` removes those older than the latest good"]
 
 
 def _verify_all(storage: RunStorage, targets: Sequence[CheckpointInfo]) -> dict[str, tuple[str, list[str]]]:

@@ -10,6 +10,11 @@ from __future__ import annotations
 class ResumableError(Exception):
     """Root of every error raised by resumable."""
 
+    def _render_traceback_(self) -> list[str]:
+        """What IPython, Jupyter and Colab show instead of a traceback: the one line that says what to do
+        (a typo'd bucket, Drive not mounted, a lease held elsewhere), not the frames inside resumable."""
+        return [f"{type(self).__name__}: {self}"]
+
 
 class StorageError(ResumableError, OSError):
     """The run folder could not be read or written (after retries, where retrying made sense)."""
@@ -17,6 +22,10 @@ class StorageError(ResumableError, OSError):
 
 class RunNotFoundError(StorageError, FileNotFoundError):
     """The bucket or folder a URL points at does not exist."""
+
+
+class DriveNotMountedError(RunNotFoundError):
+    """A run folder under ``/content/drive/`` while Google Drive is not mounted there (a new Colab VM)."""
 
 
 class NotAFolderError(StorageError, NotADirectoryError):
@@ -61,3 +70,7 @@ class LeaseHeldError(ResumableError):
 
 class LeaseLostError(ResumableError):
     """This process's writer lease was taken over (or removed): it stops writing to the run folder."""
+
+    def _render_traceback_(self) -> list[str]:
+        """What IPython, Jupyter and Colab show instead of a traceback: the one line that says it all."""
+        return [f"{type(self).__name__}: {self}"]

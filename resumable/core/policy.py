@@ -3,6 +3,11 @@
 The callback's ``keep_last`` / ``keep_best`` and the CLI's ``prune`` both call `plan`;
 deleting is the storage layer's job. Two checkpoints are always kept: the newest good one
 and (when a metric is monitored) the best one.
+
+``keep_last`` counts end-of-epoch checkpoints: with ``save_freq`` or ``save_interval`` a run
+also saves mid-epoch, and those must not push the epoch ends out. A mid-epoch save (``batch``
+> 0) is kept only while it is newer than the newest end-of-epoch checkpoint (the last
+``keep_last`` of those), so that once the epoch it was saved in ends, it goes.
 """
 
 from __future__ import annotations
@@ -29,6 +34,9 @@ class CheckpointLike(Protocol):
     def step(self) -> int | None: ...
 
     @property
+    def batch(self) -> int | None: ...  # batches into the next epoch: > 0 for a mid-epoch save
+
+    @property
     def metrics(self) -> Mapping[str, float]: ...
 
 
@@ -37,7 +45,8 @@ class Retention:
     """What to keep.
 
     Args:
-        keep_last: Keep the newest N good checkpoints; None keeps all. Defaults to None.
+        keep_last: Keep the newest N good end-of-epoch checkpoints, and the newest N mid-epoch
+            saves newer than all of them; None keeps all. Defaults to None.
         keep_best: Keep the best N by `monitor`. Defaults to 0.
         monitor: Metric name for `keep_best`, e.g. ``"val_loss"``. Defaults to None.
         mode: ``"min"``, ``"max"`` or ``"auto"`` (max for accuracy-like names). Defaults to "auto".
@@ -134,6 +143,9 @@ def plan(checkpoints: Sequence[CheckpointLike], retention: Retention) -> list[De
     partial checkpoint has no manifest, so its place in the list is all that dates it.
 
     - The newest good checkpoint is always kept, and so is the best one when monitoring.
+    - ``keep_last`` N keeps the newest N good end-of-epoch checkpoints, and of the mid-epoch
+      saves newer than the newest of those, the newest N: a mid-epoch save goes once an
+      epoch end follows it, however many there were.
     - ``keep_last``, ``keep_best`` and ``keep_every`` add to what is kept (any-of).
     - Partial or corrupt checkpoints older than the newest good one are deleted;
       newer ones are kept, since another process may still be writing them.
@@ -144,10 +156,18 @@ def plan(checkpoints: Sequence[CheckpointLike], retention: Retention) -> list[De
 
     if good:
         decisions[good[0].name].reasons.append("latest good")
-    for c in good[: retention.keep_last] if retention.keep_last is not None else good:
-        decisions[c.name].reasons.append(
-            f"last {retention.keep_last}" if retention.keep_last is not None else "keep all"
-        )
+    newest_end_at = max((i for i, c in enumerate(checkpoints) if c.ok and not c.batch), default=-1)
+    if retention.keep_last is None:
+        for c in good:
+            decisions[c.name].reasons.append("keep all")
+    else:
+        ends = [c for c in good if not c.batch]
+        after_newest_end = {id(c) for c in checkpoints[newest_end_at + 1:]}
+        since = [c for c in good if c.batch and id(c) in after_newest_end]
+        for c in ends[: retention.keep_last]:
+            decisions[c.name].reasons.append(f"last {retention.keep_last}")
+        for c in since[: retention.keep_last]:
+            decisions[c.name].reasons.append("mid-epoch, after the last epoch end")
     if retention.monitor:
         ranked = best(checkpoints, retention.monitor, retention.mode)  # oldest first, as best() expects
         for rank, c in enumerate(ranked[: max(retention.keep_best, 1)]):
@@ -165,7 +185,10 @@ def plan(checkpoints: Sequence[CheckpointLike], retention: Retention) -> list[De
         if c.ok:
             decision.keep = bool(decision.reasons)
             if not decision.keep:
-                decision.reasons.append(_why_dropped(retention))
+                decision.reasons.append(
+                    "mid-epoch, an epoch end is newer" if c.batch and position < newest_end_at
+                    else _why_dropped(retention)
+                )
         elif position < newest_good_at:
             decision.reasons.append("unfinished or corrupt, older than the latest good")
         else:

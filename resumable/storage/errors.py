@@ -70,6 +70,11 @@ def translate(e: Exception, where: str, url: str, root: str, *, is_gcs: bool, is
         return RunNotFoundError(f"{where}: not found")
     if isinstance(e, FileExistsError):
         return e  # handled by the caller
+    if isinstance(e, OSError) and e.errno == errno.EROFS:
+        return StoragePermissionError(
+            f"{where}: the file system is read-only (a read-only mount, or a shared folder you may only "
+            "view); choose a run folder you can write to"
+        )
     if isinstance(e, OSError) and e.errno in NO_SPACE_ERRNOS:
         free = free_space(root) if is_local else ""
         return NoSpaceError(

@@ -15,10 +15,11 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from resumable.core.checksum import crc32c_from_gcs
-from resumable.core.errors import NotAFolderError, ResumableError
+from resumable.core.errors import NotAFolderError, ResumableError, StorageError
 from resumable.storage import gcsfs_compat
 from resumable.storage.errors import BoundedRequest, translate
 from resumable.storage.local_files import fsync
+from resumable.storage.mounts import check_drive_mounted
 from resumable.storage.records import ListedFile
 from resumable.storage.retry import RetryPolicy
 
@@ -68,6 +69,8 @@ class RunFolder:
         self.is_local = "file" in protocols
         self.is_gcs = "gs" in protocols
         self._credentials_checked = not self.is_gcs
+        if self.is_local:  # never a run on the VM's own disk where Google Drive should be
+            check_drive_mounted(self.url, self.root)
         self.truncate_before_delete = (
             truncate_before_delete
             if truncate_before_delete is not None
@@ -98,7 +101,10 @@ class RunFolder:
         except ResumableError:
             raise
         except Exception as e:
-            raise translate(e, where, self.url, self.root, is_gcs=self.is_gcs, is_local=self.is_local) from e
+            error = translate(e, where, self.url, self.root, is_gcs=self.is_gcs, is_local=self.is_local)
+            if isinstance(error, StorageError) and type(error) is not StorageError:
+                raise error from None  # its line says it all (not found, no space...): no library chain
+            raise error from e
 
     def _check_credentials(self) -> None:
         """Refresh Google credentials once, before the first request, and fail fast.

@@ -4,9 +4,20 @@ Two notebooks training into the same run folder would interleave their checkpoin
 each other's with retention and rewrite the run index in turn. So the writer takes a lease
 first: ``<run>/lease.json``, created only if absent (``ifGenerationMatch=0`` on GCS, an
 exclusive create locally), naming the holder's host, process and start time. The holder
-renews it from a background thread; a lease not renewed for its ``timeout`` is stale and
-may be taken over, as may one whose process is gone (same host, dead process id), or any
-lease with ``takeover=True``. Every change is a compare-and-swap (a GCS generation
+renews it from a background thread every ``renew_interval`` (10 s by default); a lease not
+renewed for its ``timeout`` (40 s by default: three missed renewals) is stale and is taken
+over, as is one whose process is gone (same host, dead process id), or any lease with
+``takeover=True``.
+
+A contender that finds a fresh lease of another machine cannot ask whether its process still
+runs, so it watches the lease (`Lease.acquire`): one line on stderr says how long it waits
+(a countdown on a terminal or in a notebook); if the holder renews meanwhile it is alive, and
+the contender is refused with the one-line LeaseHeldError at that moment (within one renewal
+interval); if it stays silent until stale, the contender takes it over. A writer that died with
+its Colab VM thus blocks the next session for at most ``timeout`` after its last renewal. A
+lease that would take longer than `MAX_WAIT` to go stale (a long ``timeout``, or one written by
+a version that renewed every minute) is refused at once, its message saying when it goes stale.
+A live process on this machine is refused at once. Every change is a compare-and-swap (a GCS generation
 precondition; locally a read-compare-replace under ``flock``), so two contenders never
 both win and a release never deletes another holder's lease. A holder that finds its lease
 taken over stops writing (`LeaseLostError`). Readers (list, inspect, verify, resume's
@@ -15,9 +26,9 @@ loading) need no lease.
 Example:
 
 ```python
-lease = Lease(RunStorage("gs://bucket/runs/exp1"), timeout=600)
+lease = Lease(RunStorage("gs://bucket/runs/exp1"), timeout=40)
 lease.acquire()            # LeaseHeldError naming the holder if another process writes the run
-lease.start_renewing()     # every timeout / 10 seconds (at most 60), in a daemon thread
+lease.start_renewing()     # every timeout / 4 seconds (at most 60), in a daemon thread
 ...                        # lease.renew() before each commit: LeaseLostError once taken over
 lease.release()            # deletes lease.json only if it is still ours
 ```
@@ -35,19 +46,25 @@ import os
 import socket
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
 
 from resumable.core.errors import LeaseHeldError, LeaseLostError, ResumableError
 from resumable.storage import RunStorage
+from resumable.storage.progress import WaitLine
 
 logger = logging.getLogger("resumable")
 
 LEASE_NAME = "lease.json"
 LEASE_FORMAT = "resumable.lease"
-DEFAULT_TIMEOUT = 600.0  # seconds without renewal after which a lease is stale
-MAX_RENEW_INTERVAL = 60.0  # renew at least this often, and at least 10 times per timeout
+DEFAULT_TIMEOUT = 40.0  # seconds without renewal after which a lease is stale: 3 missed renewals
+RENEWALS_PER_TIMEOUT = 4  # the holder renews every timeout / 4 seconds by default ...
+MAX_RENEW_INTERVAL = 60.0  # ... and at least this often
+OLD_RENEWALS_PER_TIMEOUT = 10  # leases that do not record their interval renewed every timeout / 10 s (<= 60)
+MAX_WAIT = 120.0  # a contender waits for another machine's silent lease to go stale at most this long
+MIN_WATCH = 1.5  # and watches it for at least this many of its renewal intervals (clock skew)
 ACQUIRE_TRIES = 5  # contenders racing on the file: each lost race re-reads it
 
 
@@ -63,12 +80,14 @@ class LeaseInfo:
     timeout: float  # the holder's own lease_timeout: stale after this long without renewal
     process_start: int | None = None  # /proc start time of the process: tells a reused pid
     boot_id: str | None = None  # /proc boot id: the same host name after a reboot is another machine
+    renew_interval: float | None = None  # the holder's seconds between renewals; None: an older version's
 
     def to_json(self) -> bytes:
         return json.dumps({
             "format": LEASE_FORMAT, "token": self.token, "host": self.host, "pid": self.pid,
             "started": _iso(self.started), "renewed": _iso(self.renewed), "timeout": self.timeout,
             "process_start": self.process_start, "boot_id": self.boot_id,
+            "renew_interval": self.renew_interval,
         }, indent=1).encode()
 
     @classmethod
@@ -79,12 +98,15 @@ class LeaseInfo:
             if raw.get("format") != LEASE_FORMAT:
                 return None
             timeout = float(raw["timeout"])
+            interval = raw.get("renew_interval")
             return cls(
                 token=str(raw["token"]), host=str(raw["host"]), pid=int(raw["pid"]),
                 started=_parse_iso(raw["started"]), renewed=_parse_iso(raw["renewed"]),
                 timeout=timeout if math.isfinite(timeout) and timeout > 0 else DEFAULT_TIMEOUT,
                 process_start=_optional_int(raw.get("process_start")),
                 boot_id=str(raw["boot_id"]) if raw.get("boot_id") else None,
+                renew_interval=float(interval) if isinstance(interval, (int, float)) and not isinstance(
+                    interval, bool) and math.isfinite(interval) and interval > 0 else None,
             )
         except (ValueError, TypeError, KeyError, AttributeError):
             return None
@@ -97,13 +119,22 @@ class LeaseInfo:
         """Seconds since the last renewal (0 when the holder's clock is ahead of ours)."""
         return max(0.0, ((now or _now()) - self.renewed).total_seconds())
 
+    @property
+    def interval(self) -> float:
+        """Seconds between the holder's renewals: as recorded, else as older versions renewed."""
+        return self.renew_interval or min(MAX_RENEW_INTERVAL, self.timeout / OLD_RENEWALS_PER_TIMEOUT)
+
     def stale(self, now: dt.datetime | None = None) -> bool:
         """Not renewed for its timeout: its holder is gone, frozen or cut off from the storage."""
         return self.age(now) > self.timeout
 
+    def on_this_machine(self) -> bool:
+        """Held from this host name since its last boot: whether its process runs can be asked."""
+        return self.host == _HOST and not (self.boot_id and _BOOT_ID and self.boot_id != _BOOT_ID)
+
     def process_gone(self) -> bool:
         """True only when the holder ran on this machine and its process no longer exists."""
-        if self.host != _HOST or (self.boot_id and _BOOT_ID and self.boot_id != _BOOT_ID):
+        if not self.on_this_machine():
             return False
         start = _process_start(self.pid)
         if start == -1:  # no such process, or a zombie
@@ -125,8 +156,15 @@ class LeaseInfo:
         )
 
     def blocks(self) -> bool:
-        """Would stop a writer without ``takeover=True``: fresh, held by another process that still runs."""
-        return not (self.mine() or self.process_gone() or self.stale())
+        """Would stop a writer without ``takeover=True``: fresh, held by another process that still runs.
+
+        Another machine's process is taken as running while it renews on time (within
+        `MIN_WATCH` renewal intervals); a lease silent for longer is most likely its dead
+        writer's, which a writer waits for and takes over.
+        """
+        if self.mine() or self.process_gone() or self.stale():
+            return False
+        return self.on_this_machine() or self.age() <= MIN_WATCH * self.interval
 
     def describe(self, now: dt.datetime | None = None) -> str:
         """``host 'a', process 12, since 2026-11-22 06:10:03 UTC, renewed 35 s ago``."""
@@ -147,9 +185,9 @@ class Lease:
         storage: The run folder.
         timeout: Seconds without renewal after which other processes may take the lease over;
             written into the lease, so every contender honours the holder's setting. Defaults
-            to 600.
-        renew_interval: Seconds between renewals by `start_renewing`. Defaults to
-            ``min(60, timeout / 10)``: ten missed renewals before the lease goes stale.
+            to 40.
+        renew_interval: Seconds between renewals by `start_renewing`; written into the lease
+            too. Defaults to ``min(60, timeout / 4)``: stale after three missed renewals.
         before_exit: Run at interpreter exit before a held lease is released (the callback
             lands its last uploads there). Defaults to None.
     """
@@ -159,7 +197,7 @@ class Lease:
         self.storage = storage
         self.before_exit = before_exit
         self.timeout = check_timeout(timeout)
-        self.renew_interval = renew_interval or min(MAX_RENEW_INTERVAL, self.timeout / 10)
+        self.renew_interval = renew_interval or min(MAX_RENEW_INTERVAL, self.timeout / RENEWALS_PER_TIMEOUT)
         self.info: LeaseInfo | None = None  # ours, while held
         self.lost: str | None = None  # why we no longer hold it, once taken over
         self._version: Any = None  # what the storage last held from us
@@ -179,7 +217,9 @@ class Lease:
 
         A lease held by this same process (an earlier fit), by a process that no longer runs
         on this machine, or not renewed for its timeout is taken over (with a warning for the
-        last two); any other lease only with ``takeover=True``.
+        last two); any other lease only with ``takeover=True``, except a fresh one of another
+        machine: that one is watched until it is renewed (LeaseHeldError then) or goes stale
+        (taken over then), with one line on stderr saying so (see the module docstring).
         """
         with self._lock:
             if self.held:
@@ -188,7 +228,8 @@ class Lease:
             self.lost = None
             now = _now()
             info = LeaseInfo(token=uuid.uuid4().hex, host=_HOST, pid=os.getpid(), started=now, renewed=now,
-                             timeout=self.timeout, process_start=_own_process_start(), boot_id=_BOOT_ID)
+                             timeout=self.timeout, process_start=_own_process_start(), boot_id=_BOOT_ID,
+                             renew_interval=self.renew_interval)
             data = info.to_json()
             for _ in range(ACQUIRE_TRIES):
                 version = self.storage.create_run_file(LEASE_NAME, data)
@@ -200,7 +241,9 @@ class Lease:
                     if blob == data:  # our create landed, and its retry saw it
                         version = current
                     else:
-                        self._may_take(LeaseInfo.from_json(blob), takeover)
+                        current = self._may_take(LeaseInfo.from_json(blob), current, takeover)
+                        if current is None:
+                            continue  # released, renewed by a new holder or torn while we watched: look again
                         version = self.storage.replace_run_file(LEASE_NAME, data, current)
                         if version is None:
                             version = self._landed(data)
@@ -291,8 +334,12 @@ class Lease:
     def _url(self) -> str:
         return f"{self.storage.url}/{LEASE_NAME}"
 
-    def _may_take(self, holder: LeaseInfo | None, takeover: bool) -> None:
-        """Decide whether the lease found may be taken over; LeaseHeldError if not."""
+    def _may_take(self, holder: LeaseInfo | None, version: Any, takeover: bool) -> Any | None:
+        """Decide whether the lease found (at ``version``) may be taken over; LeaseHeldError if not.
+
+        Returns the version to replace, or None when the lease changed while another machine's
+        was watched (`_watch`) and must be looked at again.
+        """
         if holder is None:
             logger.warning("resumable: %s is not a readable lease; taking it over", self._url)
         elif holder.mine():
@@ -306,13 +353,51 @@ class Lease:
         elif takeover:
             logger.warning("resumable: takeover=True: taking over the writer lease of %s; that process "
                            "stops writing at its next save", holder.describe())
+        elif holder.on_this_machine():  # its process runs: no need to watch
+            raise self._held(holder)
         else:
-            raise LeaseHeldError(
-                f"{self.storage.url} is being written by another process ({holder.describe()}; stale after "
-                f"{_ago(holder.timeout)} without renewal, at {_show(holder.expires)}): two writers would "
-                "corrupt the run. Stop that process, wait until its lease is stale, or pass takeover=True "
-                "to take the run over (the other process then stops at its next save)"
-            )
+            wait = max(holder.timeout - holder.age(), MIN_WATCH * holder.interval)
+            if wait > MAX_WAIT:
+                raise self._held(holder)
+            return self._watch(holder, version, wait)
+        return version
+
+    def _watch(self, holder: LeaseInfo, version: Any, wait: float) -> Any | None:
+        """Watch another machine's lease for up to ``wait`` seconds, saying so on stderr.
+
+        Renewed meanwhile: its writer is alive, LeaseHeldError. Still the same at the end: its
+        writer is gone (a recycled Colab VM), the version to replace. Released or changed hands:
+        None, to look again.
+        """
+        line = (f"resumable: waiting up to {wait:.0f} s for the writer lease of {self.storage.url} held by "
+                f"{holder.describe()}: taken over if not renewed meanwhile")
+        started = time.monotonic()
+        poll = min(1.0, max(0.05, holder.interval / 4))
+        with WaitLine(line) as shown:
+            while (left := wait - (time.monotonic() - started)) > 0:
+                shown.left(left)
+                time.sleep(min(poll, left))
+                found = self.storage.read_run_file(LEASE_NAME)
+                if found is None:
+                    return None
+                if found[1] != version:
+                    now = LeaseInfo.from_json(found[0])
+                    if now is not None and now.token == holder.token:  # renewed: alive
+                        shown.end("renewed, so its writer is alive")
+                        raise self._held(now)
+                    return None
+            shown.end("not renewed, taking it over")
+        logger.warning("resumable: taking over the writer lease of %s: not renewed for %s (its process "
+                       "is gone, e.g. with a recycled VM)", holder.describe(), _ago(holder.age()))
+        return version
+
+    def _held(self, holder: LeaseInfo) -> LeaseHeldError:
+        return LeaseHeldError(
+            f"{self.storage.url} is being written by another process ({holder.describe()}; stale after "
+            f"{_ago(holder.timeout)} without renewal, at {_show(holder.expires)}): two writers would "
+            "corrupt the run. Stop that process, wait until its lease is stale, or pass takeover=True "
+            "to take the run over (the other process then stops at its next save)"
+        )
 
     def _landed(self, data: bytes) -> Any | None:
         """After a failed swap: did our write land anyway (a retry after a lost reply)?"""
@@ -340,15 +425,18 @@ class Lease:
         raise LeaseLostError(self.lost)
 
     def _renew_loop(self) -> None:
-        while not self._stop.wait(self.renew_interval):
+        pause = self.renew_interval
+        while not self._stop.wait(pause):
+            pause = self.renew_interval
             try:
                 self.renew()
-            except LeaseLostError as e:
-                logger.warning("resumable: %s", e)
+            except LeaseLostError as e:  # training raises it at its next batch end or save: said once, there
+                logger.info("resumable: %s", e)
                 return
-            except Exception as e:  # noqa: BLE001 - a storage hiccup: the next tick tries again
+            except Exception as e:  # noqa: BLE001 - a storage hiccup: try again soon, before it goes stale
+                pause = self.renew_interval / 2
                 logger.warning("resumable: could not renew the writer lease of %s (next try in %.0f s): %s",
-                               self.storage.url, self.renew_interval, e)
+                               self.storage.url, pause, e)
 
 
 def check_timeout(timeout: Any, argument: str = "lease_timeout") -> float:

@@ -104,6 +104,14 @@ class CheckpointInfo:
         return self.manifest.step if self.manifest else None
 
     @property
+    def batch(self) -> int | None:
+        """Batches into the next epoch: > 0 for a mid-epoch save, 0 at an epoch's end (for retention)."""
+        row = self._index_row
+        if row is not None:
+            return row.batch
+        return self.manifest.batch if self.manifest else None
+
+    @property
     def metrics(self) -> dict[str, float]:
         """The manifest's metrics (not a copy)."""
         row = self._index_row

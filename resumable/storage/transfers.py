@@ -1,8 +1,8 @@
 """Moving checkpoint files: upload one file and check the stored copy, download and check, verify.
 
 Files are streamed in chunks and checksummed (CRC32C) as they go, never read whole into
-memory. ``progress`` shows a tqdm bar with the throughput for files of `PROGRESS_MIN_BYTES`
-or more.
+memory. ``progress`` shows the progress of files of `PROGRESS_MIN_BYTES` or more: a tqdm bar
+on a terminal or in a notebook, a few plain lines and a summary in a log (`progress`).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from resumable.core.manifest import MANIFEST_NAME, FileEntry, Manifest
 from resumable.storage import gcs_upload
 from resumable.storage.folder import RunFolder, listed_file
 from resumable.storage.local_files import fsync
+from resumable.storage.progress import byte_progress, fsspec_callback
 from resumable.storage.records import CheckpointInfo, Status, mismatch
 
 PROGRESS_MIN_BYTES = 4 * 1024 * 1024  # files at least this big get a progress bar when asked
@@ -159,19 +160,10 @@ class Transfers:
         if not progress or size < PROGRESS_MIN_BYTES:
             get_file(remote, local)
             return
-        from fsspec.callbacks import TqdmCallback
-
-        callback = TqdmCallback(tqdm_kwargs={
-            "desc": f"resumable: {what}", "unit": "B", "unit_scale": True, "unit_divisor": 1024,
-            "leave": False, "mininterval": 0.5,
-        })
-        try:
-            callback.set_size(size)
-            get_file(remote, local, callback=callback)
-            if callback.value < size:  # local copies ignore the callback
-                callback.absolute_update(size)
-        finally:
-            callback.close()
+        with byte_progress(size, what) as moved:
+            get_file(remote, local, callback=fsspec_callback(moved))
+            if moved.done < size:  # local copies ignore the callback
+                moved.to(size)
 
     def _checksum(self, path: str) -> FileEntry:
         """Size and CRC32C of a stored file, read a chunk at a time."""
@@ -210,7 +202,4 @@ def _abandon(target: Any) -> None:
 
 
 def _progress_bar(size: int, what: str) -> Any:
-    from tqdm import tqdm
-
-    return tqdm(total=size, desc=f"resumable: {what}", unit="B", unit_scale=True, unit_divisor=1024,
-                leave=False, mininterval=0.5)
+    return byte_progress(size, what)  # a bar, or plain lines where a bar would not show

@@ -212,9 +212,13 @@ def test_inspect_epoch_and_name_json(capsys: pytest.CaptureFixture[str], damaged
 def test_verify_catches_a_flipped_byte(capsys: pytest.CaptureFixture[str], url: str, tmp_path: Path) -> None:
     build_run(url, tmp_path)
     flip_byte(url, "ckpt-000004")
-    code, out, _ = cli(capsys, "verify", url)  # the latest good one is intact
+    code, out, _ = cli(capsys, "verify", url, "--latest")  # the latest good one is intact
     assert code == 0
     assert out.splitlines()[-1] == "verified 1 checkpoint: all files match their manifests"
+    code, out, _ = cli(capsys, "verify", url)  # every checkpoint, as the README says
+    assert code == 1
+    assert f"  {url}/ckpt-000004/model.keras: crc32c" in out
+    assert out.splitlines()[-1] == "verification failed: 1 of 6 checkpoints corrupt"
     code, out, _ = cli(capsys, "verify", url, "--epoch", "4")
     assert code == 1
     assert f"  {url}/ckpt-000004/model.keras: crc32c" in out
@@ -237,6 +241,39 @@ def test_verify_all_names_every_bad_file(capsys: pytest.CaptureFixture[str], dam
     assert f"  {damaged_run}/ckpt-000003/state.json: crc32c" in out
     assert f"  {damaged_run}/ckpt-000005/model.keras: size 10 bytes, manifest says 1280" in lines
     assert lines[-1] == "verification failed: 2 of 5 checkpoints corrupt"
+
+
+def test_verify_latest_mentions_partial_folders_it_left_out(capsys: pytest.CaptureFixture[str],
+                                                           damaged_run: str) -> None:
+    code, out, _ = cli(capsys, "verify", damaged_run, "--latest")
+    assert code == 0
+    assert [line.split()[:2] for line in out.splitlines()][0] == ["ok", "ckpt-000006"]
+    note = next(line for line in out.splitlines() if line.startswith("note: "))
+    assert "1 partial folder (ckpt-000002)" in note and f"resumable prune {damaged_run}" in note
+
+
+def test_list_inspect_and_verify_agree_on_a_checkpoints_size(capsys: pytest.CaptureFixture[str],
+                                                            url: str, tmp_path: Path) -> None:
+    build_run(url, tmp_path)
+    stored = sum(f["size"] for f in RunStorage(url).fs.ls(f"{RunStorage(url).root}/ckpt-000003", detail=True))
+    shown = human_size(stored)  # every file stored, the manifest included
+    sizes = set()
+    for deep in ([], ["--deep"]):
+        _, out, _ = cli(capsys, "list", url, *deep)
+        sizes.add(" ".join(row(out, "ckpt-000003")[5:7]))
+    _, out, _ = cli(capsys, "inspect", url, "--name", "ckpt-000003")
+    size_line = next(line for line in out.splitlines() if line.startswith("size"))
+    sizes.add(" ".join(size_line.split()[1:3]).rstrip(":"))
+    _, out, _ = cli(capsys, "verify", url, "--name", "ckpt-000003")
+    sizes.add(" ".join(out.splitlines()[0].split()[-2:]))
+    assert sizes == {shown}, sizes
+    for command in (["list", url, "--json"], ["list", url, "--deep", "--json"],
+                    ["inspect", url, "--epoch", "3", "--json"]):
+        _, out, _ = cli(capsys, *command)
+        data = json.loads(out)
+        listed = data.get("checkpoints", [data])
+        found = next(c for c in listed if c["name"] == "ckpt-000003")["size"]
+        assert found == stored, command
 
 
 def test_verify_without_any_good_checkpoint_fails(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -304,10 +341,11 @@ def test_prune_refuses_while_a_writer_holds_the_lease(capsys: pytest.CaptureFixt
     holder = LeaseInfo(token="t", host="colab-vm-2", pid=4242, started=now, renewed=now, timeout=600)
     storage = RunStorage(url)
     assert storage.create_run_file("lease.json", holder.to_json()) is not None
-    code, _, err = cli(capsys, "prune", url, "--keep-last", "1", "--yes")
+    code, out, err = cli(capsys, "prune", url, "--keep-last", "1", "--yes")
     assert code == 2
     assert err.startswith(f"error: {url} is being written by host 'colab-vm-2', process 4242, since ")
     assert "pass --force" in err and err.count("\n") == 1
+    assert out == ""  # refused before showing a plan it would not carry out
     assert remaining(url) == ALL
     code, out, err = cli(capsys, "prune", url, "--keep-last", "1", "--yes", "--force")
     assert code == 0, err
@@ -335,9 +373,10 @@ def test_prune_holds_the_lease_while_deleting_and_gives_it_back(
 def test_prune_refuses_without_a_terminal_or_yes(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     url = str(tmp_path / "run")
     build_run(url, tmp_path)
-    code, _, err = cli(capsys, "prune", url, "--keep-last", "1")
+    code, out, err = cli(capsys, "prune", url, "--keep-last", "1")
     assert code == 2
     assert err.startswith("error: refusing to delete without confirmation")
+    assert out == ""  # no plan printed for a deletion that will not happen
     assert remaining(url) == ALL
 
 

@@ -17,6 +17,7 @@ class Ckpt:
     epoch: int | None = None
     step: int | None = None
     metrics: dict[str, float] = field(default_factory=dict)
+    batch: int | None = 0
 
 
 def run(*val_losses: float | None, partial_at: tuple[int, ...] = ()) -> list[Ckpt]:
@@ -129,22 +130,71 @@ def test_best_one_is_the_first_of_best(losses: tuple[float | None, ...], mode: s
 def test_keep_every_keeps_the_end_of_epoch_save_not_the_mid_epoch_ones() -> None:
     checkpoints = [
         Ckpt("ckpt-000002", epoch=2, step=20),
-        Ckpt("ckpt-000002-step-000000025", epoch=2, step=25),
+        Ckpt("ckpt-000002-step-000000025", epoch=2, step=25, batch=5),
         Ckpt("ckpt-000003", epoch=3, step=30),
-        Ckpt("ckpt-000003-step-000000035", epoch=3, step=35),
+        Ckpt("ckpt-000003-step-000000035", epoch=3, step=35, batch=5),
     ]
-    expected = ["ckpt-000002", "ckpt-000003-step-000000035"]
+    expected = ["ckpt-000002", "ckpt-000003", "ckpt-000003-step-000000035"]
     assert kept(checkpoints, Retention(keep_last=1, keep_every=2)) == expected
 
 
 def test_keep_every_falls_back_to_the_earliest_mid_epoch_save_when_the_end_of_epoch_one_is_gone() -> None:
     checkpoints = [
-        Ckpt("ckpt-000002-step-000000025", epoch=2, step=25),
-        Ckpt("ckpt-000002-step-000000028", epoch=2, step=28),
+        Ckpt("ckpt-000002-step-000000025", epoch=2, step=25, batch=5),
+        Ckpt("ckpt-000002-step-000000028", epoch=2, step=28, batch=8),
         Ckpt("ckpt-000003", epoch=3, step=30),
     ]
     expected = ["ckpt-000002-step-000000025", "ckpt-000003"]
     assert kept(checkpoints, Retention(keep_last=1, keep_every=2)) == expected
+
+
+def with_mid_epoch_saves(epochs_done: int, per_epoch: int, *, then: int = 0) -> list[Ckpt]:
+    """A run saved with save_freq: each epoch's end, then ``per_epoch`` saves during the next
+    epoch (10 batches an epoch, a step a batch); ``then`` more saves during the epoch after the last."""
+    made = []
+    for epoch in range(1, epochs_done + 1):
+        made.append(Ckpt(f"ckpt-{epoch:06d}", epoch=epoch, step=epoch * 10))
+        count = per_epoch if epoch < epochs_done else then
+        for k in range(1, count + 1):
+            step = epoch * 10 + k * 3
+            made.append(Ckpt(f"ckpt-{epoch:06d}-step-{step:09d}", epoch=epoch, step=step, batch=k * 3))
+    return made
+
+
+def test_keep_last_counts_epoch_ends_so_mid_epoch_saves_never_push_them_out() -> None:
+    checkpoints = with_mid_epoch_saves(5, per_epoch=3)  # 5 epoch ends, 12 mid-epoch saves between them
+    assert kept(checkpoints, Retention(keep_last=3)) == epochs(3, 4, 5)
+    decisions = {d.name: d.reasons for d in plan(checkpoints, Retention(keep_last=3))}
+    assert decisions["ckpt-000004-step-000000043"] == ["mid-epoch, an epoch end is newer"]
+    assert decisions["ckpt-000002"] == ["beyond the last 3"]
+
+
+def test_mid_epoch_saves_after_the_newest_epoch_end_are_kept_until_the_next_one() -> None:
+    checkpoints = with_mid_epoch_saves(4, per_epoch=3, then=5)  # 5 saves into epoch 5 so far
+    expected = [*epochs(2, 3, 4), "ckpt-000004-step-000000049", "ckpt-000004-step-000000052",
+                "ckpt-000004-step-000000055"]
+    assert kept(checkpoints, Retention(keep_last=3)) == expected
+    reasons = {d.name: d.reasons for d in plan(checkpoints, Retention(keep_last=3))}
+    assert reasons["ckpt-000004-step-000000055"] == ["latest good", "mid-epoch, after the last epoch end"]
+    assert reasons["ckpt-000004-step-000000046"] == ["beyond the last 3"]
+    # the epoch ends: the next end-of-epoch checkpoint sends them all
+    checkpoints.append(Ckpt("ckpt-000005", epoch=5, step=50))
+    assert kept(checkpoints, Retention(keep_last=3)) == epochs(3, 4, 5)
+
+
+def test_a_run_of_mid_epoch_saves_only_keeps_the_newest_of_them() -> None:
+    """save_interval on one long epoch: no epoch has ended yet."""
+    checkpoints = [Ckpt(f"ckpt-000000-step-{s:09d}", epoch=0, step=s, batch=s) for s in (3, 6, 9, 12)]
+    assert kept(checkpoints, Retention(keep_last=2)) == [
+        "ckpt-000000-step-000000009", "ckpt-000000-step-000000012"]
+
+
+def test_the_best_and_keep_every_still_keep_mid_epoch_saves() -> None:
+    checkpoints = with_mid_epoch_saves(3, per_epoch=2)
+    best_mid = checkpoints[1]  # a mid-epoch save of epoch 1... at the best val_loss
+    checkpoints[1] = Ckpt(best_mid.name, epoch=best_mid.epoch, step=best_mid.step, batch=best_mid.batch,
+                          metrics={"val_loss": 0.1})
+    assert best_mid.name in kept(checkpoints, Retention(keep_last=1, monitor="val_loss"))
 
 
 def test_plan_is_linear_enough_for_thousands_of_checkpoints() -> None:

@@ -1,6 +1,7 @@
 """A tiny training job for the writer-lease tests: two of these write one run folder.
 
     python tests/jobs/lease_job.py RUN_URL --epochs 3 [--takeover] [--hold 120] [--lease-timeout 5]
+                                   [--as-host NAME]
 
 Prints one marker per line on stdout, flushed:
 
@@ -13,6 +14,8 @@ Prints one marker per line on stdout, flushed:
 
 ``--hold S``: after the first epoch, every batch waits up to S seconds, ending early once the
 lease is lost, so the process holds the run without committing while a test takes it over.
+``--as-host NAME``: the lease names host NAME, as a process on another machine (a new Colab VM)
+would; whether its process runs can then not be asked, only whether it renews its lease.
 """
 
 from __future__ import annotations
@@ -34,7 +37,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--takeover", action="store_true")
     parser.add_argument("--hold", type=float, default=0.0)
-    parser.add_argument("--lease-timeout", type=float, default=600.0)
+    parser.add_argument("--lease-timeout", type=float, default=None)
+    parser.add_argument("--as-host", default=None)
     args = parser.parse_args(argv)
 
     import keras
@@ -42,6 +46,10 @@ def main(argv: list[str]) -> int:
 
     import resumable
     from resumable.core.errors import LeaseHeldError, LeaseLostError
+    from resumable.storage import lease
+
+    if args.as_host:
+        lease._HOST = args.as_host
 
     handler = logging.StreamHandler(sys.stdout)
     handler.setFormatter(logging.Formatter("LOG %(message)s"))
@@ -57,7 +65,7 @@ def main(argv: list[str]) -> int:
         return model
 
     run = resumable.resume(args.url, build_model=build, monitor="loss", keep_last=None,
-                           takeover=args.takeover, lease_timeout=args.lease_timeout)
+                           takeover=args.takeover, lease_timeout=args.lease_timeout or lease.DEFAULT_TIMEOUT)
     print(f"READY initial_epoch={run.initial_epoch}", flush=True)
 
     class Markers(keras.callbacks.Callback):

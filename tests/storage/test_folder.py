@@ -158,7 +158,12 @@ def test_not_authenticated_fails_fast_with_one_line(
 # ----------------------------------------------------------------- defaults
 
 
-def test_truncate_before_delete_defaults_to_drive_only(tmp_path: Path) -> None:
+def test_truncate_before_delete_defaults_to_drive_only(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from resumable.storage import mounts
+
+    (tmp_path / "mountinfo").write_text("90 1 0:50 / /content/drive rw - fuse.drive drive rw\n")
+    monkeypatch.setattr(mounts, "MOUNTINFO", str(tmp_path / "mountinfo"))  # Drive mounted: see test_mounts.py
     assert RunStorage(str(tmp_path)).truncate_before_delete is False
     assert RunStorage("/content/drive/MyDrive/runs/exp1").truncate_before_delete is True
     assert RunStorage("memory://content/drive/x").truncate_before_delete is False

@@ -7,6 +7,7 @@ are real ones. The two-process tests at the end train with real Keras in subproc
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import logging
@@ -94,11 +95,13 @@ def test_acquire_writes_holder_and_is_never_a_checkpoint(run_url: str) -> None:
     assert read_lease(storage) is None
 
 
-def test_second_writer_gets_one_line_naming_the_holder(run_url: str, as_host) -> None:  # type: ignore[no-untyped-def]
+def test_second_writer_gets_one_line_naming_the_holder(run_url: str, as_host, capsys) -> None:  # type: ignore[no-untyped-def]
+    """Another machine's live writer: the contender watches its lease, sees it renewed, is refused."""
     storage = RunStorage(run_url)
     as_host("colab-a")
-    first = Lease(storage)
+    first = Lease(storage, renew_interval=0.05)  # the default timeout; renewed often, as a live notebook's
     first.acquire()
+    first.start_renewing()
     as_host("colab-b")
     with pytest.raises(LeaseHeldError) as caught:
         Lease(storage).acquire()
@@ -106,8 +109,12 @@ def test_second_writer_gets_one_line_naming_the_holder(run_url: str, as_host) ->
     assert "\n" not in message
     assert "host 'colab-a'" in message and f"process {os.getpid()}" in message
     assert f"since {first.info.started:%Y-%m-%d %H:%M}" in message if first.info else False
-    assert "takeover=True" in message and "stale after 10 min" in message
-    assert read_lease(storage) == first.info  # the holder's lease is untouched
+    assert "takeover=True" in message and "stale after 40 s" in message
+    found = read_lease(storage)
+    assert found is not None and first.info is not None and found.token == first.info.token  # untouched
+    err = capsys.readouterr().err
+    assert "waiting up to 40 s for the writer lease" in err and "host 'colab-a'" in err
+    assert "renewed, so its writer is alive" in err
     first.renew()  # and still the holder's
 
 
@@ -145,20 +152,77 @@ def test_release_never_deletes_another_holders_lease(run_url: str, as_host) -> N
     assert read_lease(storage) == taken and taken is not None and taken.host == "colab-b"
 
 
-def test_stale_lease_is_taken_over_without_takeover(run_url: str, as_host) -> None:  # type: ignore[no-untyped-def]
+def test_stale_lease_is_taken_over_without_takeover(run_url: str, as_host, caplog) -> None:  # type: ignore[no-untyped-def]
     storage = RunStorage(run_url)
     as_host("colab-a")
     old = Lease(storage, timeout=0.5)  # its holder's setting decides when it is stale
     old.acquire()
-    as_host("colab-b")
-    with pytest.raises(LeaseHeldError):
-        Lease(storage, timeout=600).acquire()
     time.sleep(0.7)
-    new = Lease(storage)
-    new.acquire()
+    as_host("colab-b")
+    with caplog.at_level(logging.WARNING, logger="resumable"):
+        new = Lease(storage, timeout=600)
+        new.acquire()
     assert read_lease(storage) == new.info
+    assert any("stale writer lease of host 'colab-a'" in r.getMessage() for r in caplog.records)
     with pytest.raises(LeaseLostError):
         old.renew()
+
+
+@pytest.mark.parametrize("backend", ["local", "gcs"])
+def test_a_silent_lease_of_another_machine_is_waited_for_then_taken_over(  # type: ignore[no-untyped-def]
+        run_url: str, as_host, capsys, caplog) -> None:
+    """A writer that died with its VM: fresh when found, never renewed again; no takeover=True."""
+    storage = RunStorage(run_url)
+    as_host("colab-a")
+    dead = Lease(storage, timeout=1.0)  # renews every 0.25 s while alive; here it never does
+    dead.acquire()
+    as_host("colab-b")
+    new = Lease(storage)
+    with caplog.at_level(logging.WARNING, logger="resumable"):
+        new.acquire()
+    assert read_lease(storage) == new.info
+    err = capsys.readouterr().err
+    waited = [line for line in err.splitlines() if "waiting up to" in line]
+    assert len(waited) == 1 and "host 'colab-a'" in waited[0] and "taken over if not renewed" in waited[0]
+    assert "not renewed, taking it over" in err
+    assert any("taking over the writer lease of host 'colab-a'" in r.getMessage() for r in caplog.records)
+    with pytest.raises(LeaseLostError):
+        dead.renew()
+
+
+def test_a_lease_that_would_take_long_to_go_stale_is_refused_at_once(tmp_path: Path, as_host, capsys) -> None:  # type: ignore[no-untyped-def]
+    """A long lease_timeout, or a lease of an older version (renewed each minute, stale after 10)."""
+    storage = RunStorage(str(tmp_path / "run"))
+    now = dt.datetime.now(dt.timezone.utc)
+    older = {"format": "resumable.lease", "token": "t", "host": "colab-old", "pid": 7,
+             "started": now.isoformat(), "renewed": now.isoformat(), "timeout": 600.0}
+    assert storage.create_run_file(LEASE_NAME, json.dumps(older).encode()) is not None
+    info = read_lease(storage)
+    assert info is not None and info.renew_interval is None and info.interval == 60.0
+    with pytest.raises(LeaseHeldError, match="host 'colab-old'.*stale after 10 min"):
+        Lease(storage).acquire()
+    assert "waiting" not in capsys.readouterr().err
+
+
+def test_the_lease_says_how_often_it_is_renewed_and_older_readers_still_read_it(run_url: str) -> None:
+    storage = RunStorage(run_url)
+    held = Lease(storage, timeout=60)
+    held.acquire()
+    written = lease_file(storage)
+    assert written is not None and written["renew_interval"] == 15.0 and written["timeout"] == 60.0
+    older_fields = {"format", "token", "host", "pid", "started", "renewed", "timeout", "process_start",
+                    "boot_id"}
+    assert older_fields <= set(written) and written["format"] == "resumable.lease"
+
+
+def test_blocks_means_a_writer_that_renews_on_time(as_host) -> None:  # type: ignore[no-untyped-def]
+    now = dt.datetime.now(dt.timezone.utc)
+    fresh = LeaseInfo(token="t", host="colab-a", pid=1, started=now, renewed=now, timeout=40,
+                      renew_interval=10)
+    assert fresh.blocks()
+    silent = dataclasses.replace(fresh, renewed=now - dt.timedelta(seconds=20))
+    assert not silent.blocks() and not silent.stale()  # a writer would wait for it, then take it over
+    assert dataclasses.replace(fresh, renewed=now - dt.timedelta(seconds=41)).stale()
 
 
 def test_renewing_keeps_a_short_lease_fresh(run_url: str, as_host) -> None:  # type: ignore[no-untyped-def]
@@ -186,7 +250,7 @@ def test_renewal_thread_notices_a_takeover(run_url: str, as_host, caplog) -> Non
     held.acquire()
     held.start_renewing()
     as_host("colab-b")
-    with caplog.at_level(logging.WARNING, logger="resumable"):
+    with caplog.at_level(logging.INFO, logger="resumable"):  # said once, at info: training raises it
         Lease(storage).acquire(takeover=True)
         deadline = time.monotonic() + 10
         while held.lost is None and time.monotonic() < deadline:
@@ -300,8 +364,9 @@ def test_bad_timeout_is_refused(bad: object) -> None:
 
 def test_timedelta_timeout() -> None:
     assert lease.check_timeout(dt.timedelta(minutes=2)) == 120.0
-    held = Lease(RunStorage("memory://lease-td"), timeout=300)
+    held = Lease(RunStorage("memory://lease-td"), timeout=120)
     assert held.renew_interval == 30.0
+    assert Lease(RunStorage("memory://lease-td")).renew_interval == 10.0
     assert Lease(RunStorage("memory://lease-td"), timeout=6000).renew_interval == 60.0
 
 
@@ -329,15 +394,17 @@ def test_callback_holds_the_lease_while_training_only(tmp_path: Path, as_host) -
 
     x, y = np.zeros((8, 4), "float32"), np.zeros((8, 1), "float32")
     as_host("colab-a")
-    other = Lease(RunStorage(url))
+    other = Lease(RunStorage(url), renew_interval=0.1)  # a live notebook on another VM
     other.acquire()
+    other.start_renewing()
     as_host("colab-b")
     with pytest.warns(UserWarning, match="being written by another process.*host 'colab-a'.*takeover=True"):
         run = resumable.resume(url, build_model=build, monitor="loss")
     with pytest.raises(LeaseHeldError, match="host 'colab-a'"):
         run.fit(x, y, epochs=1, verbose=0, callbacks=[Probe()])
     assert RunStorage(url).list() == []  # nothing written
-    assert read_lease(RunStorage(url)) == other.info
+    found = read_lease(RunStorage(url))
+    assert found is not None and other.info is not None and found.token == other.info.token
 
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message=".*being written")  # takeover=True: no such warning
@@ -470,3 +537,37 @@ def test_two_processes_on_one_run_folder(run_url: str) -> None:
     assert [(c.name, c.status.value) for c in infos] == [("ckpt-000001", "ok"), ("ckpt-000002", "ok")]
     assert all(storage.verify(c) == [] for c in infos)
     assert read_lease(storage) is None  # C released it; A's release left it alone
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["local", "gcs"])
+def test_a_writer_killed_on_another_machine_blocks_no_new_session(run_url: str) -> None:
+    """A recycled Colab VM: the writer SIGKILLed, the next session on another host continues with no
+    flag; while the writer lived, a second notebook on a third host was refused with one line."""
+    # stale 30 s after its last renewal: longer than the next session takes to start (Keras import)
+    holder = Job(run_url, "--epochs", "3", "--hold", "300", "--lease-timeout", "30", "--as-host", "vm-a")
+    holder.expect("TRAINING")
+    holder.expect("LOG resumable: saved")
+    live = Job(run_url, "--epochs", "3", "--as-host", "vm-b")
+    refused = live.expect("LEASE_HELD")
+    assert live.exit_code() == 3
+    assert "host 'vm-a'" in refused and f"process {holder.proc.pid}," in refused
+    assert "takeover=True" in refused
+    assert any("renewed, so its writer is alive" in line for line in live.lines), live.lines
+    assert holder.proc.poll() is None  # untouched by the refused one
+
+    holder.proc.send_signal(signal.SIGKILL)  # the VM goes away: no release, no last renewal
+    holder.proc.wait()
+    storage = RunStorage(run_url)
+    assert read_lease(storage) is not None and read_lease(storage).host == "vm-a"  # type: ignore[union-attr]
+    after = Job(run_url, "--epochs", "2", "--as-host", "vm-c")
+    assert after.expect("READY").startswith("READY initial_epoch=1")
+    waited = after.expect("resumable: waiting up to")
+    assert "host 'vm-a'" in waited and "taken over if not renewed" in waited
+    after.expect("TRAINING")
+    after.expect("DONE")
+    assert after.exit_code() == 0
+    assert any("not renewed, taking it over" in line for line in after.lines), after.lines
+    infos = storage.list()
+    assert [(c.name, c.status.value) for c in infos] == [("ckpt-000001", "ok"), ("ckpt-000002", "ok")]
+    assert read_lease(storage) is None
