@@ -1,7 +1,7 @@
 """resumable: Keras training that survives Colab disconnects.
 
 Storage and the CLI work without TensorFlow; the Keras-facing names (`CheckpointCallback`,
-`resume`, `Run`) are imported on first use.
+`resume`, `Run`, `ModelCheckpoint`, `BackupAndRestore`, `load_model`, ...) are imported on first use.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from resumable.core.errors import (
     CheckpointMismatchError,
     CheckpointNotFoundError,
     CorruptCheckpointError,
+    DriveNotMountedError,
     LeaseHeldError,
     LeaseLostError,
     NoSpaceError,
@@ -30,13 +31,20 @@ from resumable.storage import CheckpointInfo, RunStorage, Status
 from resumable.storage.retry import RetryPolicy
 
 if TYPE_CHECKING:
+    from resumable.keras.backup_and_restore import BackupAndRestore
     from resumable.keras.callback import CheckpointCallback
+    from resumable.keras.model_checkpoint import ModelCheckpoint, load_model, load_weights, verify_file
     from resumable.keras.run import Run, resume
 
 # `resume` lives in resumable.keras.run: a submodule named resumable.resume would replace the function
 # `resumable.resume` with the module as soon as anything imported it.
 _LAZY = {
+    "BackupAndRestore": "resumable.keras.backup_and_restore",
     "CheckpointCallback": "resumable.keras.callback",
+    "ModelCheckpoint": "resumable.keras.model_checkpoint",
+    "load_model": "resumable.keras.model_checkpoint",
+    "load_weights": "resumable.keras.model_checkpoint",
+    "verify_file": "resumable.keras.model_checkpoint",
     "resume": "resumable.keras.run",
     "Run": "resumable.keras.run",
 }
@@ -51,15 +59,18 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "BackupAndRestore",
     "CheckpointCallback",
     "CheckpointExistsError",
     "CheckpointInfo",
     "CheckpointMismatchError",
     "CheckpointNotFoundError",
     "CorruptCheckpointError",
+    "DriveNotMountedError",
     "LeaseHeldError",
     "LeaseLostError",
     "Manifest",
+    "ModelCheckpoint",
     "NoSpaceError",
     "NotAFolderError",
     "NotAuthenticatedError",
@@ -73,5 +84,8 @@ __all__ = [
     "StoragePermissionError",
     "UnsupportedFormatError",
     "__version__",
+    "load_model",
+    "load_weights",
     "resume",
+    "verify_file",
 ]

@@ -164,5 +164,48 @@ def running_fit_callbacks(callback: keras.callbacks.Callback) -> list[keras.call
     return [callback]
 
 
-__all__ = ["ArrayAdapters", "array_adapters", "global_seed_generator", "running_fit_callbacks",
-           "tensorflow_unavailable", "unsupported"]
+# ----------------------------------------------------------------------------- drop-in callbacks
+
+# What resumable.ModelCheckpoint overrides or calls of keras.callbacks.ModelCheckpoint, with the
+# parameters each must take.
+_MODEL_CHECKPOINT_METHODS = {
+    "_save_model": ("epoch", "batch", "logs"),
+    "_should_save_model": ("epoch", "batch", "logs", "filepath"),
+    "_get_file_path": ("epoch", "batch", "logs"),
+}
+
+
+@functools.cache
+def model_checkpoint_internals() -> str | None:
+    """None when ``keras.callbacks.ModelCheckpoint`` has the private methods resumable.ModelCheckpoint
+    overrides (``_save_model``) and calls (``_should_save_model``, ``_get_file_path``), with their
+    parameters; else one line naming the Keras version and what is missing."""
+    base = keras.callbacks.ModelCheckpoint
+    for name, params in _MODEL_CHECKPOINT_METHODS.items():
+        method = getattr(base, name, None)
+        try:
+            found = tuple(inspect.signature(method).parameters)[1:] if method is not None else None
+        except (TypeError, ValueError):
+            found = None
+        if found != params:
+            return unsupported(f"keras.callbacks.ModelCheckpoint.{name}{params}") + (
+                "; use keras.callbacks.ModelCheckpoint, or a Keras version resumable supports")
+    return None
+
+
+def set_fit_initial_epoch(model: keras.Model, epoch: int | None) -> None:
+    """Make the next ``model.fit`` start at ``epoch`` (None: at its ``initial_epoch`` argument).
+
+    Uses ``Trainer._initial_epoch``, which ``fit`` reads after ``on_train_begin`` (as Keras'
+    BackupAndRestore sets it). Raises ResumableError with one line when this Keras lacks it.
+    """
+    if "_initial_epoch" not in vars(model):
+        from resumable.core.errors import ResumableError
+
+        raise ResumableError(unsupported("keras.Model._initial_epoch (how BackupAndRestore sets fit's epoch)")
+                             + "; use resumable.resume() and run.fit instead")
+    model._initial_epoch = epoch
+
+
+__all__ = ["ArrayAdapters", "array_adapters", "global_seed_generator", "model_checkpoint_internals",
+           "running_fit_callbacks", "set_fit_initial_epoch", "tensorflow_unavailable", "unsupported"]

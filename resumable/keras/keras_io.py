@@ -47,6 +47,8 @@ STATE_VERSION = 1
 CALLBACK_FIELDS: dict[str, tuple[str, ...]] = {
     "EarlyStopping": ("wait", "stopped_epoch", "best", "best_epoch"),
     "ReduceLROnPlateau": ("wait", "cooldown_counter", "best"),
+    # keras.callbacks.ModelCheckpoint and resumable.ModelCheckpoint (same class name): the best so far
+    "ModelCheckpoint": ("best",),
 }
 
 
@@ -573,3 +575,52 @@ def logs_to_floats(logs: dict[str, Any] | None) -> dict[str, float]:
         with contextlib.suppress(TypeError, ValueError):
             result[str(key)] = float(keras.ops.convert_to_numpy(value))
     return result
+
+
+# -------------------------------------------------------------------- single files, checkpoint into a model
+
+
+def save_file(model: keras.Model, path: Path) -> None:
+    """One model file as Keras writes it, by suffix: ``.keras`` (model.save), ``.weights.h5``
+    (save_weights: weights and the optimizer's state once built), ``.h5`` (Keras' legacy HDF5
+    model file, which both ``keras.saving.load_model`` and ``Model.load_weights`` read)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.name.endswith(".weights.h5"):
+        model.save_weights(str(path), overwrite=True)
+    else:
+        model.save(str(path), overwrite=True)
+
+
+def load_into(model: keras.Model, folder: Path, where: str) -> None:
+    """Load a fetched checkpoint folder's weights and optimizer state into ``model``, in place.
+
+    For callbacks that restore the model ``fit`` was called on (resumable.BackupAndRestore, a
+    Run rolled back after an exception). The layout and optimizer are checked as in `load_model`.
+    """
+    state = read_state(folder)
+    weights_file = folder / (WEIGHTS_FILE if (folder / WEIGHTS_FILE).is_file() else MODEL_FILE)
+    _check_layout(model, state.get("model", {}).get("weights"), where)
+    _check_optimizer_class(model, state.get("optimizer"), where)
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is not None and not optimizer.built:
+        optimizer.build(model.trainable_variables)  # Keras 3 skips optimizer variables otherwise
+    try:
+        model.load_weights(str(weights_file))
+    except ValueError as e:
+        raise CheckpointMismatchError(f"{where} does not fit the model: {e}") from e
+    _check_optimizer(model, state.get("optimizer"), where)
+    restore_seed_generators(model, read_arrays(folder), where)
+
+
+def load_file(path: Path, **kwargs: Any) -> keras.Model:
+    """``keras.saving.load_model`` of one local model file (resumable.load_model)."""
+    with _no_tensorflow_import():
+        return keras.saving.load_model(str(path), **kwargs)
+
+
+def load_weights_file(model: keras.Model, path: Path, **kwargs: Any) -> None:
+    """``model.load_weights`` of one local file, the optimizer built first (resumable.load_weights)."""
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is not None and not optimizer.built and model.built:
+        optimizer.build(model.trainable_variables)  # Keras 3 skips optimizer variables otherwise
+    model.load_weights(str(path), **kwargs)

@@ -1,0 +1,83 @@
+"""Train with resumable.ModelCheckpoint or resumable.BackupAndRestore; optionally die mid-save.
+
+    python tests/jobs/dropin_job.py model_checkpoint|backup_and_restore URL --epochs N [--kill-at-save K]
+
+``--kill-at-save K``: SIGKILL this process while the K-th file (ModelCheckpoint) or the K-th
+backup (BackupAndRestore) is being written: after its bytes were sent, before the write is
+complete (before the rename locally, before the upload's close on GCS). Prints ``EPOCHS <n>``
+with the epochs this session trained (BackupAndRestore) and ``DONE``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+from typing import Any
+
+import numpy as np
+
+FILES_PER_BACKUP = 3  # model.weights.h5, state.json, arrays.npz
+
+
+def arm_kill(module: Any, owner: Any, method: str, at: int) -> None:
+    """SIGKILL this process inside the ``at``-th call of ``owner.method``, once a chunk is written
+    (the module's RunningCrc32c is updated right after each write) and before the file is complete."""
+    armed = [False]
+    calls = [0]
+    original_method = getattr(owner, method)
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        armed[0] = calls[0] == at
+        try:
+            return original_method(*args, **kwargs)
+        finally:
+            armed[0] = False
+
+    class Killing(module.RunningCrc32c):  # type: ignore[misc, name-defined]
+        def update(self, chunk: bytes) -> None:
+            super().update(chunk)
+            if armed[0]:
+                sys.stdout.flush()
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    setattr(owner, method, counting)
+    module.RunningCrc32c = Killing
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("kind", choices=["model_checkpoint", "backup_and_restore"])
+    parser.add_argument("url")
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--kill-at-save", type=int, default=0)
+    args = parser.parse_args()
+
+    import keras
+
+    import resumable
+    from resumable.storage import single_file, transfers
+
+    keras.utils.set_random_seed(1)
+    x = np.random.default_rng(0).normal(size=(64, 4)).astype("float32")
+    y = x.sum(axis=1, keepdims=True)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8), keras.layers.Dense(1)])
+    model.compile(optimizer="adam", loss="mse")
+    if args.kind == "model_checkpoint":
+        if args.kill_at_save:
+            arm_kill(single_file, single_file.FileTarget, "_put", args.kill_at_save)
+        callback: keras.callbacks.Callback = resumable.ModelCheckpoint(args.url, monitor="loss")
+    else:
+        if args.kill_at_save:
+            # each backup uploads its files one by one: die in the first file of backup K
+            arm_kill(transfers, transfers.Transfers, "upload", 1 + FILES_PER_BACKUP * (args.kill_at_save - 1))
+        callback = resumable.BackupAndRestore(args.url, delete_checkpoint=False)
+    history = model.fit(x, y, batch_size=16, epochs=args.epochs, callbacks=[callback], verbose=0)
+    print(f"EPOCHS {len(history.epoch)} FIRST {history.epoch[0] if history.epoch else -1}", flush=True)
+    print("DONE", flush=True)
+
+
+if __name__ == "__main__":
+    main()
