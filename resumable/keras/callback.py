@@ -30,7 +30,7 @@ from resumable.storage.lease import DEFAULT_TIMEOUT, check_timeout
 
 logger = logging.getLogger("resumable")
 
-_MODEL_FILE_SUFFIXES = (".keras", ".h5", ".weights.h5")
+_MODEL_FILE_SUFFIXES = (".keras", ".h5", ".hdf5", ".weights.h5")
 
 _Hook = TypeVar("_Hook", bound=Callable[..., None])
 
@@ -112,8 +112,9 @@ class CheckpointCallback(keras.callbacks.Callback):
             into a folder another live process writes fails with `LeaseHeldError` naming
             that process. Defaults to False.
         lease_timeout: Seconds (or a ``datetime.timedelta``) after which this process's lease,
-            if no longer renewed (renewal runs every ``min(60, lease_timeout / 10)`` seconds
-            from a background thread), counts as stale and may be taken over. Defaults to 600.
+            if no longer renewed (renewal runs every ``min(60, lease_timeout / 4)`` seconds
+            from a background thread), counts as stale and is taken over: what a writer that
+            died on another machine costs the next session. Defaults to 40.
     """
 
     def __init__(
@@ -180,6 +181,9 @@ class CheckpointCallback(keras.callbacks.Callback):
         )
         self.manager.on_commit = self._committed
         self.best: float | None = None if initial_value_threshold is None else float(initial_value_threshold)
+        self._initial_best = self.best
+        self._monitor_warned = False
+        self._witnessed: tuple[str, int, Any] | None = None  # a hook end seen first by Run.fit's witness
         self.history: list[dict[str, float]] = []  # per-epoch logs of every epoch of the run
         self.epochs_done = 0
         self.stopped_early = False
@@ -210,6 +214,10 @@ class CheckpointCallback(keras.callbacks.Callback):
         self._last_saved_step: int | None = None
         self._last_save_time = time.monotonic()
         self._stop_signal: int | None = None  # a SIGINT/SIGTERM asked to save and stop
+        # verbose lines of commits, printed by the training thread where no progress bar is drawn
+        self._lines: list[str] = []
+        self._lines_lock = threading.Lock()
+        self._defer_lines = False
 
     def __repr__(self) -> str:
         return (
@@ -249,6 +257,15 @@ class CheckpointCallback(keras.callbacks.Callback):
         best = state.get("best")
         self.best = None if best is None else float(best)
         self.history = [{k: float(v) for k, v in logs.items()} for logs in state.get("history", [])]
+        saved = (state.get("monitor"), state.get("mode"))
+        if saved[0] is not None and saved != (self.monitor, self.mode):
+            self.best = _best_in_history(self.history, self.monitor, self.mode, self._initial_best)
+            if (best, self.best) != (None, None):  # no best then and none in the history: nothing changes
+                warnings.warn(
+                    f"resumable: {checkpoint.url} tracked the best {saved[0]!r} (mode {saved[1]!r}); this "
+                    f"run monitors {self.monitor!r} (mode {self.mode!r}), so its best is taken from the "
+                    f"run's history: {self.best}", stacklevel=3,
+                )
         self.stopped_early = bool(state.get("stopped_early", False))
         self._pending_restore = {"callbacks": state.get("callbacks", {}), "rng": state.get("rng", {})}
         self._pending_arrays = arrays
@@ -296,8 +313,10 @@ class CheckpointCallback(keras.callbacks.Callback):
         self._last = _runs_last(self, self._siblings)
         self._first_epoch = True
         self._pending_save = None
+        self._witnessed = None
         self._in_epoch = False
         self._last_save_time = time.monotonic()  # timed saves count training time only
+        self._defer_lines = True
         if self._chief():
             self.manager.acquire()
             try:
@@ -311,6 +330,7 @@ class CheckpointCallback(keras.callbacks.Callback):
 
     @_gives_lease_back_on_error
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        self.print_lines()  # before Keras' "Epoch N/M" header (its progress bar runs after this callback)
         self._save_pending()
         self._stop_if_asked()
         if self._first_epoch:
@@ -331,10 +351,13 @@ class CheckpointCallback(keras.callbacks.Callback):
 
     @_gives_lease_back_on_error
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        self._witnessed = None
         self._batch_in_epoch = self._batch_offset + batch + 1
         self._add_resumed_metrics()
         self._stop_if_asked()
         self.manager.check_lease()  # taken over by another process (found by a renewal): stop training
+        if (self.params or {}).get("verbose") not in (1, "auto"):
+            self.print_lines()  # no progress bar to break
         steps = (self.params or {}).get("steps")
         if steps is not None and batch + 1 >= steps:
             return  # the epoch-end save follows
@@ -351,6 +374,7 @@ class CheckpointCallback(keras.callbacks.Callback):
 
     @_gives_lease_back_on_error
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        self._witnessed = None
         floats = keras_io.logs_to_floats(logs)
         del self.history[epoch:]  # an epoch re-run after a mid-epoch restore replaces its entry
         self.history.append(floats)
@@ -376,6 +400,7 @@ class CheckpointCallback(keras.callbacks.Callback):
         try:
             self.wait_for_uploads()
         finally:
+            self.print_lines(fit_ended=True)
             self.release_lease()
 
     def warn_if_leased(self) -> None:
@@ -393,6 +418,7 @@ class CheckpointCallback(keras.callbacks.Callback):
         self.manager.release()
 
     def _end_after_error(self) -> None:
+        self.print_lines(fit_ended=True)
         self.manager.finish(quiet=True)
 
     def _after_the_cell(self) -> None:
@@ -442,6 +468,23 @@ class CheckpointCallback(keras.callbacks.Callback):
             return "save_best_only=True saves only improvements at epoch ends: not saved"
         self._save(self.epochs_done, batch, keras_io.logs_to_floats(_metrics_result(model)))
         return None
+
+    def witness(self, kind: str, index: int, logs: dict[str, Any] | None) -> None:
+        """Run.fit's first callback saw an epoch end or a batch end, before any other callback."""
+        self._witnessed = (kind, index, logs)
+
+    def save_after_error(self) -> None:
+        """An exception from another callback ended fit in a hook this one had not reached yet:
+        save what this callback would have saved there (as Keras' ModelCheckpoint before it would)."""
+        seen, self._witnessed = self._witnessed, None
+        if seen is None or self.model is None:
+            return
+        kind, index, logs = seen
+        if kind == "epoch":
+            self.on_epoch_end(index, logs)
+        elif self._in_epoch:
+            self.on_train_batch_end(index, logs)
+        self._save_pending()
 
     def _add_resumed_metrics(self) -> None:
         """Once the first batch of a resumed epoch has built the metrics, add the saved totals."""
@@ -505,6 +548,14 @@ class CheckpointCallback(keras.callbacks.Callback):
         current = logs.get(self.monitor) if not batch else None
         if current is None and not batch and self.save_best_only:
             _check_monitor_logged(self.monitor, epoch, logs)
+        elif current is None and not batch and self.retention.keep_best and not self._monitor_warned:
+            self._monitor_warned = True
+            logged = ", ".join(sorted(logs)) or "nothing"
+            warnings.warn(
+                f"resumable: monitor={self.monitor!r} is not among the metrics fit logged at the end of "
+                f"epoch {epoch} ({logged}), so keep_best={self.retention.keep_best} protects no checkpoint; "
+                "pass monitor= one of those (Keras 3 logs 'val_accuracy', not 'val_acc')", stacklevel=3,
+            )
         improved = current is not None and is_better(current, self.best, self.mode)
         if self.save_best_only and not improved:
             return
@@ -549,11 +600,34 @@ class CheckpointCallback(keras.callbacks.Callback):
         self._last_save_time = time.monotonic()  # the interval counts training, not saving
 
     def _committed(self, info: CheckpointInfo) -> None:
-        """After each commit and its retention (in the uploader's thread when uploading in the background)."""
-        if self.verbose:
-            size = info.manifest.total_size if info.manifest else 0
-            print(f"\nEpoch {info.epoch}: saved {info.url} ({human_size(size)}, "
-                  f"{time.monotonic() - self._save_started:.1f} s)")
+        """After each commit and its retention (in the uploader's thread when uploading in the background).
+
+        With ``verbose``, one line per commit. While a fit runs it is printed by the training
+        thread at the next epoch start (before Keras' header), the end of training, or a batch
+        end when no progress bar is drawn: never in the middle of a progress bar.
+        """
+        if not self.verbose:
+            return
+        batch = info.manifest.batch if info.manifest else 0
+        epoch = info.epoch or 0
+        where = f"Epoch {epoch + 1}, batch {batch}" if batch else f"Epoch {epoch}"
+        size = info.manifest.total_size if info.manifest else 0
+        seconds = time.monotonic() - self._save_started
+        line = f"{where}: saved {info.url} ({human_size(size)}, {seconds:.1f} s)"
+        with self._lines_lock:
+            if self._defer_lines:
+                self._lines.append(line)
+                return
+        print(line, flush=True)
+
+    def print_lines(self, *, fit_ended: bool = False) -> None:
+        """Print the commit lines waiting for the training thread; ``fit_ended``: print later ones at once."""
+        with self._lines_lock:
+            lines, self._lines = self._lines, []
+            if fit_ended:
+                self._defer_lines = False
+        for line in lines:
+            print(line, flush=True)
 
     def _state(self, callback_states: dict[str, Any], step: int, batch: int) -> dict[str, Any]:
         return {
@@ -605,13 +679,41 @@ def _runs_last(callback: keras.callbacks.Callback, callbacks: list[keras.callbac
     return all(isinstance(c, passive) for c in after)
 
 
+class Witness(keras.callbacks.Callback):
+    """First among Run.fit's callbacks: tells the checkpoint callback of each epoch and batch end
+    before any other callback runs, so an exception raised by one of them still leaves that
+    epoch's or step's checkpoint to save (`CheckpointCallback.save_after_error`)."""
+
+    def __init__(self, owner: CheckpointCallback) -> None:
+        super().__init__()
+        self.owner = owner
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        self.owner.witness("epoch", epoch, logs)
+
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        self.owner.witness("batch", batch, logs)
+
+
+def _best_in_history(history: list[dict[str, float]], monitor: str, mode: str, initial: float | None
+                     ) -> float | None:
+    """The best value of ``monitor`` over the run's epochs (for a run that monitored another metric)."""
+    best = initial
+    for logs in history:
+        value = logs.get(monitor)
+        if value is not None and is_better(value, best, mode):
+            best = value
+    return best
+
+
 def _check_filepath(filepath: Any) -> None:
     text = str(filepath) if isinstance(filepath, (str, Path)) else ""
     if not text or text.endswith(_MODEL_FILE_SUFFIXES) or "{" in text:
         raise ValueError(
             f"Invalid value for argument `filepath`. Received: filepath={filepath!r}. "
             "Expected a run folder such as '/content/drive/MyDrive/runs/exp1' or 'gs://bucket/runs/exp1'; "
-            "checkpoint names come from `filename`."
+            "checkpoint names come from `filename`. "
+            "To write model files by name, use resumable.ModelCheckpoint."
         )
 
 

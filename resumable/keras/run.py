@@ -11,9 +11,14 @@ from typing import Any
 
 import keras
 
-from resumable.core.errors import CheckpointNotFoundError, CorruptCheckpointError, ResumableError
+from resumable.core.errors import (
+    CheckpointNotFoundError,
+    CorruptCheckpointError,
+    LeaseLostError,
+    ResumableError,
+)
 from resumable.keras import keras_io
-from resumable.keras.callback import CheckpointCallback
+from resumable.keras.callback import CheckpointCallback, Witness
 from resumable.keras.interrupts import StopSignals
 from resumable.keras.positioning import rest_of_epoch
 from resumable.manager.run_manager import RunManager
@@ -35,8 +40,11 @@ class Run:
     """
 
     def __init__(self, model: keras.Model, callback: CheckpointCallback, checkpoint: CheckpointInfo | None,
-                 strategy: Any = None, distribution: Any = None) -> None:
+                 strategy: Any = None, distribution: Any = None,
+                 build_model: Callable[[], keras.Model] | None = None) -> None:
         self.model = model
+        self.build_model = build_model
+        self._fitted = False
         self.callback = callback
         self.checkpoint = checkpoint
         self.strategy = strategy
@@ -101,9 +109,18 @@ class Run:
         own = list(callbacks or [])
         if self.callback.stopped_early:
             return self._done(f"stopped early after epoch {self.initial_epoch}; nothing to do", kwargs)
-        if self.initial_epoch >= epochs:
+        if self.initial_epoch == epochs:
             return self._done(f"complete: {self.initial_epoch} of {epochs} epochs done", kwargs)
-        everything = [c for c in own if c is not self.callback] + [self.callback]
+        if self.initial_epoch > epochs:
+            return self._done(
+                f"the run already has {self.initial_epoch} epochs; nothing to train for epochs={epochs} "
+                "(epochs counts the run's total: pass more than "
+                f"{self.initial_epoch} to train longer)", kwargs)
+        self._roll_back_if_ahead()
+        # The witness sees each epoch and batch end first: a later callback raising there cannot
+        # lose that checkpoint (see _interrupted).
+        everything = [Witness(self.callback)] + [c for c in own if c is not self.callback] + [self.callback]
+        self._fitted = True
         self.callback.callbacks = everything
         self.callback.strategy = self.strategy
         stops = StopSignals(self.callback)
@@ -116,6 +133,8 @@ class Run:
                     # on_train_end, so save an interrupt's state and land the checkpoints before
                     # the exception goes on; never mask it.
                     self._interrupted(e, stops)
+                    if isinstance(e, LeaseLostError):  # one line, not a traceback from deep inside fit
+                        raise LeaseLostError(str(e)) from None
                     raise
         finally:
             self.callback.callbacks = None
@@ -144,9 +163,12 @@ class Run:
                     print(f"resumable: epoch {self.initial_epoch + 1} continues at batch {batch + 1}")
                 logger.info("resumable: epoch %d continues at batch %d", self.initial_epoch + 1, batch + 1)
                 self.callback.begin_partial_epoch(batch)
+                # Keras' header would read "Epoch E/E" for this fit of one epoch: show the run's total.
+                headers = [] if any(isinstance(c, keras.callbacks.ProgbarLogger) for c in callbacks) else [
+                    _RunEpochs(epochs)]
                 histories.append(self.model.fit(
-                    epochs=self.initial_epoch + 1, initial_epoch=self.initial_epoch, callbacks=callbacks,
-                    **partial,
+                    epochs=self.initial_epoch + 1, initial_epoch=self.initial_epoch,
+                    callbacks=[*callbacks, *headers], **partial,
                 ))
                 if self.callback.stopped_early or self.initial_epoch >= epochs:
                     return _merge(histories, self.model)
@@ -158,9 +180,15 @@ class Run:
 
     def _interrupted(self, error: BaseException, stops: StopSignals) -> None:
         """After an exception left model.fit: save an interrupt's state, wait for uploads, say where."""
+        self.callback.print_lines(fit_ended=True)
         interrupt = isinstance(error, KeyboardInterrupt) or (
             isinstance(error, SystemExit) and stops.handled == signal.SIGTERM
         )
+        if not stops.abandoned:
+            try:  # another callback raised before ours ran in that hook: save what Keras' would have
+                self.callback.save_after_error()
+            except Exception as e:  # noqa: BLE001 - never mask the exception
+                warnings.warn(f"resumable: could not save after the error: {e}", stacklevel=3)
         if not interrupt or stops.abandoned:
             self._finish_uploads(quiet=True)
             return
@@ -183,12 +211,52 @@ class Run:
         print(message, flush=True)
         logger.info("%s", message)
 
+    def _roll_back_if_ahead(self) -> None:
+        """After an exception ended an earlier fit of this Run mid-epoch, the model holds training
+        no checkpoint has: go back to the newest checkpoint (or a new model), so no batch is trained twice."""
+        if not getattr(self, "_fitted", False):
+            return
+        step = keras_io.iterations(self.model)
+        saved = self.callback._last_saved_step or 0
+        if step == saved:
+            return
+        self._finish_uploads(quiet=True)
+        latest = self.callback.last_checkpoint
+        if latest is not None:
+            local = self.callback.manager.fetch(latest)
+            keras_io.load_into(self.model, local, latest.url)
+            self.callback.restore(latest, keras_io.read_state(local), keras_io.read_arrays(local),
+                                  self.callback.manager.damaged)
+            self.checkpoint = latest
+            where = f"{latest.url} (epoch {latest.epoch}, step {latest.step})"
+        elif self.build_model is not None:
+            with keras_io.scope(self.strategy, self.distribution):
+                self.model = keras_io.build(self.build_model)
+            self.callback.epochs_done = 0
+            self.callback.history = []
+            self.callback.best = self.callback._initial_best
+            where = "a new model from build_model()"
+        else:
+            raise ResumableError(
+                f"the model trained {step - saved} steps past the newest checkpoint of "
+                f"{self.callback.filepath} "
+                "before an exception ended run.fit; call resumable.resume() again to continue from it"
+            )
+        message = (f"resumable: the last run.fit ended with an exception {step - saved} steps after the "
+                   "newest "
+                   f"checkpoint; continuing from {where}")
+        print(message, flush=True)
+        logger.info("%s", message)
+
     def _finish_uploads(self, quiet: bool) -> None:
         try:
             self.callback.wait_for_uploads()
         except ResumableError as e:
             if not quiet:
                 raise
+            if isinstance(e, LeaseLostError):  # said once, by the error that ends the fit
+                logger.info("resumable: %s", e)
+                return
             warnings.warn(f"resumable: {e}", stacklevel=3)
 
     def _done(self, message: str, kwargs: dict[str, Any]) -> keras.callbacks.History:
@@ -258,10 +326,11 @@ def resume(
         callback.restore(info, keras_io.read_state(local), keras_io.read_arrays(local), manager.damaged)
         manager.keep_only_cached(info.name)
         logger.info("resumable: resumed %s at epoch %d, step %d", info.url, info.epoch, info.step)
+        _say_if_other_backend(info)
         if info.manifest is not None and info.manifest.batch:
             logger.info("resumable: %s was saved %d batches into epoch %d; run.fit continues there",
                         info.url, info.manifest.batch, info.manifest.epoch + 1)
-        return Run(model, callback, info, strategy, distribution)
+        return Run(model, callback, info, strategy, distribution, build_model)
     if build_model is None:
         raise CheckpointNotFoundError(
             f"{manager.url}: no checkpoint to resume from; pass build_model=<a function returning "
@@ -271,7 +340,24 @@ def resume(
         model = keras_io.build(build_model)
     if manager.damaged:
         callback.restore_nothing(manager.damaged)
-    return Run(model, callback, None, strategy, distribution)
+    return Run(model, callback, None, strategy, distribution, build_model)
+
+
+_BACKEND_NAMES = {"tensorflow": "TensorFlow", "jax": "JAX", "torch": "PyTorch", "numpy": "NumPy",
+                  "openvino": "OpenVINO"}
+
+
+def _say_if_other_backend(info: CheckpointInfo) -> None:
+    """One line when the checkpoint was written on another Keras backend (a switched Colab runtime)."""
+    written = info.manifest.state.get("backend") if info.manifest is not None else None
+    current = keras.backend.backend()
+    if not isinstance(written, str) or written == current:
+        return
+    message = (f"resumable: resumed {info.url}, written with {_BACKEND_NAMES.get(written, written)}, on "
+               f"{_BACKEND_NAMES.get(current, current)}: epochs and state continue exactly, floating point "
+               "does not")
+    print(message, flush=True)
+    logger.info("%s", message)
 
 
 def _position(info: CheckpointInfo | None) -> list[int]:
@@ -311,6 +397,17 @@ def _follow_chief(manager: RunManager, found: tuple[CheckpointInfo, Path] | None
         f"process {index}: {manager.url} has no checkpoint at epoch {chief[0]}, step {chief[1]}, which "
         "process 0 resumes from; every process must see the same run folder"
     )
+
+
+class _RunEpochs(keras.callbacks.ProgbarLogger):
+    """Keras' progress bar, with the run's epoch total in its "Epoch E/N" header."""
+
+    def __init__(self, epochs: int) -> None:
+        super().__init__()
+        self.run_epochs = epochs
+
+    def set_params(self, params: dict[str, Any]) -> None:
+        super().set_params({**params, "epochs": self.run_epochs})
 
 
 def _merge(histories: list[keras.callbacks.History], model: keras.Model) -> keras.callbacks.History:

@@ -81,7 +81,7 @@ class RunManager:
         staging_dir: Local folder for staging and the download cache. Defaults to
             `default_staging_dir` of the URL.
         retention: What to keep after each commit; None keeps everything. Defaults to None.
-        lease_timeout: Seconds without renewal after which the lease is stale. Defaults to 600.
+        lease_timeout: Seconds without renewal after which the lease is stale. Defaults to 40.
         takeover: `acquire` takes the lease even from a live holder. Defaults to False.
         async_upload: Commit in a background thread (`submit` returns at once). Defaults to True.
         verbose: Progress bars and a line per wait. Defaults to False.
@@ -248,6 +248,8 @@ class RunManager:
         """
         try:
             self.uploader.wait(message=False if quiet else None)
+        except LeaseLostError as e:  # training raises it (or did): said there, once
+            logger.info("resumable: %s", e)
         except Exception as e:  # noqa: BLE001 - the error that ended training matters more
             logger.warning("resumable: %s", e)
         except KeyboardInterrupt:

@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from resumable.core.errors import LeaseLostError
 from resumable.core.manifest import Manifest
 from resumable.storage import CheckpointInfo, RunStorage
 
@@ -89,6 +90,7 @@ class Uploader:
         self._waiting: UploadJob | None = None
         self._failed: UploadJob | None = None  # kept on disk; retried by the next submit or wait
         self._error: BaseException | None = None  # why _failed failed
+        self._lost: LeaseLostError | None = None  # a job dropped: the lease was lost; wait() raises it once
         self._retry = False  # the worker is to try _failed again
         self._thread: threading.Thread | None = None
         self._closed = False
@@ -206,6 +208,8 @@ class Uploader:
                     return False
                 self._cond.wait(left)
             error = self._error if self._failed is not None else None
+            if error is None and self._lost is not None:
+                error, self._lost = self._lost, None
         if names:
             logger.info("resumable: waited %.1f s for uploads to %s", time.monotonic() - started,
                         self.storage.url)
@@ -287,6 +291,14 @@ class Uploader:
         self._keep(job)
 
     def _failed_job(self, job: UploadJob, error: BaseException) -> None:
+        if isinstance(error, LeaseLostError):
+            # Another process writes the run now: this checkpoint is never to be committed, and
+            # the loss is said once, by the training that raises it (the next wait() raises it too).
+            logger.info("resumable: %s not committed: %s", job.name, error)
+            self._drop(job)
+            with self._cond:
+                self._lost = error
+            return
         warnings.warn(f"resumable: upload of {job.name} failed: {error}; the local copy {job.staged} "
                       "is kept and the next save tries again", stacklevel=1)
         with self._cond:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from paths import ROOT
 
 from resumable.cli.demo import EPOCHS, KILL_AFTER_EPOCH
 
@@ -36,3 +38,19 @@ def test_demo_is_killed_resumes_and_finishes(tmp_path: Path) -> None:
     assert resumed, out.stdout[-3000:]
     assert int(resumed.group(1)) == int(resumed.group(2))
     assert KILL_AFTER_EPOCH <= int(resumed.group(2)) < EPOCHS
+    # The final listing still shows the checkpoint the second session resumed from, and says so.
+    table = out.stdout.split("== The checkpoints")[1]
+    row = rf"^ckpt-{resumed.group(1)}\s+{int(resumed.group(2))}\s"
+    assert re.search(row, table, flags=re.MULTILINE), table
+    assert f"session 2 resumed from ckpt-{resumed.group(1)}, the last checkpoint session 1 committed" in table
+    assert epochs == list(range(1, EPOCHS + 1))
+    # And it ends saying that the resumed run matches one never killed.
+    assert out.stdout.rstrip().splitlines()[-1].startswith(
+        "resumed vs never killed: the final weights are bitwise equal"), out.stdout[-2000:]
+
+
+def test_the_demo_folder_is_ignored_by_git() -> None:
+    if not (ROOT / ".git").exists() or shutil.which("git") is None:
+        pytest.skip("not a git checkout")
+    ignored = subprocess.run(["git", "check-ignore", "-q", "resumable-demo/run-20260101-000000/x"], cwd=ROOT)
+    assert ignored.returncode == 0, "resumable demo's default folder would show up as untracked"

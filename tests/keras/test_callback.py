@@ -75,7 +75,9 @@ def test_invalid_arguments_fail_in_init(tmp_path: Path, kwargs: dict[str, Any], 
     assert message in str(caught.value)
 
 
-@pytest.mark.parametrize("filepath", ["model.keras", "weights.{epoch:02d}.h5", "best.weights.h5", ""])
+@pytest.mark.parametrize(
+    "filepath", ["model.keras", "weights.{epoch:02d}.h5", "best.weights.h5", "weights.hdf5", ""]
+)
 def test_a_model_file_path_is_not_a_run_folder(filepath: str) -> None:
     with pytest.raises(ValueError, match="Received: filepath=.*Expected a run folder"):
         resumable.CheckpointCallback(filepath)
@@ -377,3 +379,88 @@ def test_a_different_optimizer_is_named(tmp_path: Path) -> None:
 def test_no_checkpoint_and_no_build_model_says_what_to_pass(tmp_path: Path) -> None:
     with pytest.raises(CheckpointNotFoundError, match="pass build_model="):
         resumable.resume(str(tmp_path / "run"))
+
+
+# ------------------------------------------------------------------------- issue #21: errors and monitors
+
+
+class RaiseAt(keras.callbacks.Callback):
+    """Raises RuntimeError at one epoch end or one batch end (0-based), once."""
+
+    def __init__(self, epoch: int, batch: int | None = None) -> None:
+        super().__init__()
+        self.epoch, self.batch, self.current, self.raised = epoch, batch, -1, False
+
+    def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+        self.current = epoch
+
+    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        if self.batch is not None and self.current == self.epoch and batch == self.batch and not self.raised:
+            self.raised = True
+            raise RuntimeError("boom from another callback")
+
+    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        if self.batch is None and epoch == self.epoch and not self.raised:
+            self.raised = True
+            raise RuntimeError("boom from another callback")
+
+
+@pytest.mark.parametrize(
+    ("raise_at", "save_freq", "expected"),
+    [((1, None), "epoch", "ckpt-000002"), ((0, 3), 4, "ckpt-000000-step-000000004")],
+    ids=["epoch-end", "batch-end"],
+)
+def test_another_callback_raising_in_the_same_hook_keeps_that_checkpoint(
+    tmp_path: Path, raise_at: tuple[int, int | None], save_freq: Any, expected: str
+) -> None:
+    """(a) run.fit used to put ours last: a callback raising in that hook lost its checkpoint."""
+    url = str(tmp_path / "run")
+    run = resumable.resume(url, build_model=make_model, save_freq=save_freq, keep_last=None)
+    with pytest.raises(RuntimeError, match="boom"):
+        run.fit(X, Y, epochs=3, callbacks=[RaiseAt(*raise_at)], **FIT)
+    names = [c.name for c in RunStorage(url).list() if c.ok]
+    assert names[-1] == expected
+
+
+def test_run_fit_again_after_an_exception_trains_no_batch_twice(tmp_path: Path, capsys: Any) -> None:
+    """(b) A second run.fit on the same Run went on from the model's mid-epoch weights: extra steps."""
+    straight = resumable.resume(str(tmp_path / "straight"), build_model=make_model)
+    straight.fit(X, Y, epochs=3, **FIT)
+
+    run = resumable.resume(str(tmp_path / "run"), build_model=make_model)
+    with pytest.raises(RuntimeError, match="boom"):
+        run.fit(X, Y, epochs=3, callbacks=[RaiseAt(1, batch=2)], **FIT)  # 3 steps into epoch 2
+    run.fit(X, Y, epochs=3, **FIT)
+
+    assert int(run.model.optimizer.iterations.numpy()) == 3 * STEPS
+    assert run.history == straight.history
+    assert same_weights(run.model, straight.model)
+    assert "continuing from" in capsys.readouterr().out
+
+
+def test_resuming_with_another_monitor_takes_its_best_from_the_history(tmp_path: Path) -> None:
+    """(c) The old monitor's best used to become the new monitor's value to beat, silently."""
+    url = str(tmp_path / "run")
+    resumable.resume(url, build_model=make_model, monitor="val_loss").fit(X, Y, epochs=2, **FIT)
+
+    with pytest.warns(UserWarning, match=r"tracked the best 'val_loss'.*monitors 'loss'"):
+        run = resumable.resume(url, build_model=make_model, monitor="loss")
+    assert run.callback.best == min(run.history["loss"]) != min(run.history["val_loss"])
+
+
+def test_a_monitor_fit_never_logs_warns_once_with_keep_best(tmp_path: Path) -> None:
+    """(d) Only save_best_only used to warn: keep_best then protected nothing, silently."""
+    run = resumable.resume(str(tmp_path / "run"), build_model=make_model, monitor="val_acc", keep_best=1)
+    with pytest.warns(UserWarning, match=r"monitor='val_acc' is not among .*keep_best=1") as caught:
+        run.fit(X, Y, epochs=3, **FIT)
+    assert len([w for w in caught if "val_acc" in str(w.message)]) == 1
+
+
+def test_a_run_folder_named_like_an_hdf5_file_is_refused(tmp_path: Path) -> None:
+    """(e) A path ending in weights.hdf5 was accepted and became a directory."""
+    path = tmp_path / "weights.hdf5"
+    with pytest.raises(ValueError, match=r"Expected a run folder.*resumable\.ModelCheckpoint"):
+        resumable.resume(str(path), build_model=make_model)
+    with pytest.raises(ValueError, match=r"Expected a run folder.*resumable\.ModelCheckpoint"):
+        resumable.CheckpointCallback(str(path))
+    assert not path.exists()

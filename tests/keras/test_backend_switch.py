@@ -1,0 +1,73 @@
+"""A run started on one Keras backend continues on the other: TensorFlow (a Colab GPU runtime)
+and JAX (a TPU VM), both ways, each session a real process (tests/jobs/backend_job.py) on CPU.
+
+Resuming on the other backend loads the same weights, optimizer state (iterations, Adam's
+moments), layers' RNG states, epoch, best value and history; training goes on to the planned
+epochs; one line says so. Floating point is not compared across backends: only the state.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from paths import JOBS
+
+from resumable import RunStorage
+
+JOB = JOBS / "backend_job.py"
+NAMES = {"tensorflow": "TensorFlow", "jax": "JAX"}
+
+
+def session(backend: str, url: Path, epochs: int, *extra: str) -> str:
+    env = {**{k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}, "KERAS_BACKEND": backend,
+           "TF_CPP_MIN_LOG_LEVEL": "3", "JAX_PLATFORMS": "cpu"}
+    done = subprocess.run([sys.executable, str(JOB), str(url), "--epochs", str(epochs), *extra],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr[-4000:]
+    assert f"DONE epochs={epochs}" in done.stdout
+    if backend == "jax":
+        assert "TENSORFLOW imported=False" in done.stdout  # a TPU VM's JAX runtime has no TensorFlow
+    return done.stdout
+
+
+def state(path: Path) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    with np.load(path) as data:
+        arrays = {key: data[key] for key in data.files}
+    return arrays, json.loads(Path(f"{path}.json").read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("first", "then"), [("tensorflow", "jax"), ("jax", "tensorflow")],
+                         ids=["tensorflow-then-jax", "jax-then-tensorflow"])
+def test_a_run_continues_on_the_other_backend(first: str, then: str, tmp_path: Path) -> None:
+    url = tmp_path / "run"
+    before = session(first, url, 2, "--dump", str(tmp_path / "saved.npz"))
+    assert "written with" not in before
+    after = session(then, url, 4, "--resumed", str(tmp_path / "resumed.npz"))
+
+    notice = [line for line in after.splitlines() if "written with" in line]
+    assert notice == [f"resumable: resumed {url}/ckpt-000002, written with {NAMES[first]}, on {NAMES[then]}: "
+                      "epochs and state continue exactly, floating point does not"]
+    assert "READY initial_epoch=2" in after
+    saved, saved_run = state(tmp_path / "saved.npz")
+    resumed, resumed_run = state(tmp_path / "resumed.npz")
+    assert sorted(resumed) == sorted(saved)
+    for key, value in saved.items():  # weights, optimizer variables, seed generators: the same values
+        assert np.array_equal(resumed[key], value), key
+    assert resumed_run == saved_run  # epochs, best, history, iterations, optimizer variable names
+    assert saved_run["epochs"] == 2 and saved_run["iterations"] == 10 and len(saved_run["optimizer"]) == 10
+
+    infos = RunStorage(str(url)).list()
+    assert [c.epoch for c in infos] == [1, 2, 3, 4]
+    written = [c.manifest.state["backend"] for c in infos if c.manifest is not None]
+    assert written == [first, first, then, then]  # each manifest records the backend it was written with
+    last = infos[-1].manifest
+    assert last is not None and then in last.versions and last.step == 20
+    assert last.state["best"] == min(c.metrics["val_loss"] for c in infos)
