@@ -29,7 +29,7 @@ from resumable import RunStorage
 pytestmark = pytest.mark.slow
 
 JOB = JOBS / "train_job.py"
-EPOCHS = 100
+EPOCHS = 150
 KILLS = int(os.environ.get("RESUMABLE_TEST_KILLS", "20"))
 
 
