@@ -51,7 +51,8 @@ class Listing:
     def newest_first(self) -> Iterator[CheckpointInfo]:
         """Good checkpoints, newest first; manifests are read one at a time, as needed.
 
-        Newer partial or corrupt checkpoints that are skipped are logged as warnings.
+        Newer partial or corrupt checkpoints that are skipped are logged as warnings; partial
+        folders older than the newest good one (leftovers of interrupted saves) in one info line.
         """
         listing = self._folder.listing()
         committed = [name for name, files in listing.items() if MANIFEST_NAME in files]
@@ -68,9 +69,15 @@ class Listing:
             manifest = infos[name].manifest
             keys[name] = (manifest.epoch, manifest.step) if manifest else (-1, -1)
         ordered = sorted(committed, key=lambda n: (keys[n], n), reverse=True)
-        for name in self._partial_newer_than(listing, keys[ordered[0]] if ordered else None):
+        newer = self._partial_newer_than(listing, keys[ordered[0]] if ordered else None)
+        for name in newer:
             logger.warning("resumable: ignoring %s: no manifest (an interrupted save)",
                            self._folder.url_of(name))
+        older = sorted(name for name, files in listing.items()
+                       if MANIFEST_NAME not in files and name not in newer)
+        if older:  # leftovers, never restored: said once, at info level, as `prune` would delete them
+            logger.info("resumable: %d older partial folder(s) in %s, never restored: %s; retention or "
+                        "`resumable prune` deletes them", len(older), self._folder.url, ", ".join(older[:5]))
         for name in ordered:
             info = infos.get(name) or self._check(name, listing[name])
             if info.ok:

@@ -122,15 +122,28 @@ def test_gcs_file_with_record_and_damage_detected(gcs_bucket: str, tmp_path: Pat
 def test_best_is_carried_across_sessions_with_resume(tmp_path: Path) -> None:
     best_file = tmp_path / "best.keras"
 
-    def session(epochs: int) -> Any:
+    class BestAtFirstBatch(keras.callbacks.Callback):
+        """What the ModelCheckpoint's best is once training runs: restored, or Keras' fresh inf."""
+
+        def __init__(self, checkpoint: Any) -> None:
+            super().__init__()
+            self.checkpoint, self.seen = checkpoint, None
+
+        def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+            if self.seen is None:
+                self.seen = self.checkpoint.best
+
+    def session(epochs: int) -> tuple[Any, Any]:
         run = resumable.resume(tmp_path / "run", build_model=make_model, monitor="val_loss")
         cb = resumable.ModelCheckpoint(best_file, save_best_only=True)
-        run.fit(X, Y, epochs=epochs, callbacks=[cb], **FIT)
-        return cb
+        spy = BestAtFirstBatch(cb)
+        run.fit(X, Y, epochs=epochs, callbacks=[cb, spy], **FIT)
+        return cb, spy
 
-    first = session(2)
-    second = session(3)
-    assert second.best is not None and second.best <= first.best
+    first, _ = session(2)
+    second, spy = session(3)
+    assert np.isfinite(first.best) and spy.seen == first.best  # the new session starts from the old best
+    assert second.best <= first.best
 
 
 def run_job(kind: str, url: str, *extra: str, killed: bool = False) -> str:

@@ -211,6 +211,19 @@ def test_latest_skips_newer_bad_checkpoints_with_a_warning(
     assert storage.verify("ckpt-000003") == [f"{storage.url}/ckpt-000003/state.json: missing"]
 
 
+def test_older_partial_folders_are_named_once_and_never_restored(
+    storage: RunStorage, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    commit(storage, tmp_path, "ckpt-000001", Manifest(epoch=1))
+    put_raw(storage, b"half", "ckpt-000002", "model.keras")  # an upload killed, then replaced
+    commit(storage, tmp_path, "ckpt-000003", Manifest(epoch=3))
+    with caplog.at_level(logging.INFO, logger="resumable"):
+        assert names(storage.newest_first()) == ["ckpt-000003", "ckpt-000001"]
+    said = [r for r in caplog.records if "older partial" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelno == logging.INFO and "ckpt-000002" in said[0].getMessage()
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
 @pytest.mark.parametrize(
     ("damage", "problem"),
     [
