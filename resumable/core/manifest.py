@@ -124,7 +124,7 @@ class Manifest:
                 str(name): FileEntry(size=int(e["size"]), crc32c=str(e["crc32c"]))
                 for name, e in raw["files"].items()
             }
-            unsafe = [name for name in files if not _is_safe_relative(name)]
+            unsafe = [name for name in files if not is_safe_relative(name)]
             if unsafe:  # a hand-edited or hostile manifest must not make fetch write elsewhere
                 raise ValueError(f"file name {unsafe[0]!r} is not a plain relative path")
             return cls(
@@ -149,7 +149,8 @@ class Manifest:
             ) from e
 
 
-def _is_safe_relative(name: str) -> bool:
+def is_safe_relative(name: str) -> bool:
+    """A file name a checkpoint may list: a plain relative path inside its folder, never the manifest."""
     parts = name.split("/")
     return (
         bool(name)

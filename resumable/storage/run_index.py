@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from resumable.core.manifest import FileEntry, Manifest
+from resumable.core.manifest import FileEntry, Manifest, is_safe_relative
 
 INDEX_NAME = "index.json"
 INDEX_FORMAT = "resumable.index"
@@ -61,6 +61,8 @@ class IndexRow:
         for rel, (size, crc32c) in files.items():  # a dict of pairs, else one of the errors
             if type(size) is not int or type(crc32c) is not str:
                 raise TypeError(f"bad size or CRC32C for {rel!r}")
+            if not is_safe_relative(rel):  # as a manifest: never a path out of the checkpoint folder
+                raise ValueError(f"file name {rel!r} is not a plain relative path")
         for key, value in state.items():
             if key not in RANKING_KEYS or type(value) is not str:
                 raise ValueError(f"unexpected state {key!r}")

@@ -79,6 +79,9 @@ DAMAGES = [
     {"files": {"a": [1]}}, {"files": {"a": ["1", "00000000"]}}, {"files": []}, {"metrics": {"loss": "low"}},
     {"metrics": []}, {"metrics": {"loss": [1]}}, {"created": 5}, {"state": {"monitor": 1}},
     {"state": {"best": 0.5}}, {"state": []},
+    # file names that would lead out of the checkpoint folder, as a manifest refuses them
+    {"files": {"../../outside": [1, "00000000"]}}, {"files": {"/etc/passwd": [1, "00000000"]}},
+    {"files": {"a/./b": [1, "00000000"]}}, {"files": {"manifest.json": [1, "00000000"]}},
 ]
 
 
