@@ -591,6 +591,7 @@ class CheckpointCallback(keras.callbacks.Callback):
         manifest = Manifest(
             epoch=epoch, step=step, batch=batch, metrics=logs, versions=keras_io.versions(),
             state=self._summary(callback_states), processes=processes, devices=devices,
+            payload=keras_io.WEIGHTS_FILE if self.save_weights_only else keras_io.MODEL_FILE,
         )
         self._save_started = started
         self.manager.submit(staging, name, manifest)

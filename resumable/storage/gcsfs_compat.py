@@ -52,9 +52,12 @@ async def ls(fs: Any, path: str) -> list[dict[str, Any]]:
     return entries
 
 
-async def cat_file(fs: Any, path: str) -> bytes:
-    """``fs.cat_file(path)``, awaited (only where `awaits_listing_and_reads`)."""
-    return bytes(await fs._cat_file(path))
+async def cat_file(fs: Any, path: str, limit: int | None = None) -> bytes:
+    """``fs.cat_file(path)``, awaited (only where `awaits_listing_and_reads`); with ``limit``, its
+    first ``limit + 1`` bytes at most (one ranged read)."""
+    if limit is None:
+        return bytes(await fs._cat_file(path))
+    return bytes(await fs._cat_file(path, start=0, end=limit + 1))
 
 
 def run(fs: Any, coroutine: Callable[[], Awaitable[T]]) -> T:
