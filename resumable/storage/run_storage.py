@@ -99,6 +99,19 @@ class RunStorage:
         self._folder.fs = fs
 
     @property
+    def fence(self) -> Callable[[], None] | None:
+        """Called right before each manifest write and each delete; raises to stop them.
+
+        The writer sets its lease's `Lease.fence` here: once another process took the run over,
+        this one commits and deletes nothing more.
+        """
+        return self._committer.fence
+
+    @fence.setter
+    def fence(self, fence: Callable[[], None] | None) -> None:
+        self._committer.fence = fence
+
+    @property
     def template(self) -> NameTemplate:
         """The folder name template that orders checkpoints by their names."""
         return self._listing.template
@@ -216,6 +229,11 @@ class RunStorage:
     def replace_run_file(self, name: str, data: bytes, version: Any) -> Any | None:
         """Replace file ``name`` with ``data`` only if it still is ``version``; the new version, or None."""
         return self._run_files.replace_run_file(name, data, version)
+
+    def run_file_age(self, name: str) -> float | None:
+        """Seconds since file ``name`` was last written where readers may see it half-written
+        (local disks and mounts); None elsewhere, or when it is gone."""
+        return self._run_files.run_file_age(name)
 
     def delete_run_file(self, name: str, version: Any) -> bool:
         """Delete file ``name`` only if it still is ``version``; False when it changed or is gone."""
