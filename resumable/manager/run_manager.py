@@ -224,12 +224,17 @@ class RunManager:
         """Hold the upload in flight while the caller writes a staged folder (what training waits for)."""
         return self.uploader.paused()
 
-    def submit(self, folder: Path, name: str, manifest: Manifest) -> None:
-        """Commit a staged folder as ``name``: in the background, or now with ``async_upload=False``."""
+    def submit(self, folder: Path, name: str, manifest: Manifest, *,
+               write: Callable[[Path], None] | None = None) -> None:
+        """Commit a staged folder as ``name``: in the background, or now with ``async_upload=False``.
+
+        ``write``: writes the files into ``folder`` first, in the uploader's thread when in the
+        background (a checkpoint held in memory: training does not wait for its files).
+        """
         if self.async_upload:
-            self.uploader.submit(folder, name, manifest)
+            self.uploader.submit(folder, name, manifest, write=write)
         else:
-            self.uploader.commit_now(folder, name, manifest)
+            self.uploader.commit_now(folder, name, manifest, write=write)
 
     @property
     def pending(self) -> list[str]:
@@ -384,8 +389,14 @@ class RunManager:
         return self.staging_dir / "cache"
 
     def fetch(self, info: CheckpointInfo) -> Path:
-        """Download a checkpoint into the cache and check every file (CorruptCheckpointError if bad)."""
+        """The checkpoint's folder to load from, every file checked (CorruptCheckpointError if bad).
+
+        From a bucket: downloaded into the cache. From a local folder or a Drive mount: the
+        checkpoint's own folder, once its files were read and checked in place.
+        """
         check_name(info.name)  # the cache folder it names must be inside the cache
+        if self.storage.is_local:  # a local disk or a Drive mount: loaded where it is, once checked
+            return self.storage.checked_in_place(info)
         return self.storage.fetch(info, self.cache_root / info.name, progress=self.verbose)
 
     def fetch_newest(self, warn: Callable[[str], None], check: Callable[[Path, str], object] | None = None

@@ -190,6 +190,16 @@ class RunStorage:
         """
         return self._transfers.fetch(self._info(checkpoint), local_dir, progress=progress)
 
+    def checked_in_place(self, checkpoint: CheckpointInfo | str) -> Path:
+        """A local run's checkpoint folder, to load from where it is, once every file checked out.
+
+        Only for local folders and Drive mounts (`is_local`); raises CorruptCheckpointError if a
+        file disagrees with the manifest.
+        """
+        if not self.is_local:
+            raise ValueError(f"{self.url} is not a local folder: fetch() its checkpoints")
+        return self._transfers.checked_in_place(self._info(checkpoint))
+
     def verify(self, checkpoint: CheckpointInfo | str) -> builtins.list[str]:
         """Re-read every file of a checkpoint; return one line per problem (empty if good)."""
         return self._transfers.verify(self._info(checkpoint))
