@@ -568,7 +568,7 @@ class CheckpointCallback(keras.callbacks.Callback):
         started = time.monotonic()
         name = self.storage.template.format(epoch, step, logs, mid_epoch=batch > 0, batch=batch)
         logger.info("resumable: saving %s", name)
-        staging = self.manager.stage(name)
+        staging = self.manager.stage(name, drop_cached=False)  # dropped by the writer, or below
         callback_states, arrays = keras_io.callback_states(self._siblings)
         state = self._state(callback_states, step, batch)
         if batch:
@@ -600,6 +600,7 @@ class CheckpointCallback(keras.callbacks.Callback):
 
     def _serialize(self, staging: Path, name: str, state: dict[str, Any], arrays: dict[str, Any]) -> bool:
         """Save the model into ``staging`` while training waits; False (warned) when the disk is full."""
+        self.manager.uploader.drop_cached()  # Keras writes here now: the old copy goes first
         try:
             with self.manager.serializing():
                 keras_io.save(self.model, staging, weights_only=self.save_weights_only, state=state,

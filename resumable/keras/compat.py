@@ -12,7 +12,7 @@ import contextlib
 import functools
 import inspect
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import Any, NamedTuple
 
@@ -269,8 +269,9 @@ def saved_values(model: keras.Model, copy: Any, assets_dir: str | None) -> list[
     recorder = Recorder()
     assets = saving_lib.DiskIOStore("assets", mode="w") if assets_dir is not None else None
     try:
-        saving_lib._save_state(model, weights_store=recorder, assets_store=assets, inner_path="",
-                               visited_saveables=set())
+        with _optimizers_hand_over_variables(model):
+            saving_lib._save_state(model, weights_store=recorder, assets_store=assets, inner_path="",
+                                   visited_saveables=set())
         if assets is not None and assets_dir is not None:
             import shutil
 
@@ -279,6 +280,33 @@ def saved_values(model: keras.Model, copy: Any, assets_dir: str | None) -> list[
         if assets is not None:
             assets.close()
     return recorder.values
+
+
+@contextlib.contextmanager
+def _optimizers_hand_over_variables(model: keras.Model) -> Iterator[None]:
+    """Keras' optimizers save ``variable.numpy()``: a copy of all their state (two thirds of a
+    checkpoint with Adam) while training waits. For an optimizer with the base class's
+    ``save_own_variables``, the store gets the variables themselves for the time of the
+    snapshot, as layers give theirs; `copy` then takes its view. Same keys, same values."""
+    base = keras.optimizers.Optimizer.save_own_variables
+    optimizer = getattr(model, "optimizer", None)
+    found = [optimizer, getattr(optimizer, "inner_optimizer", None)]
+    patched = [o for o in found if o is not None and type(o).save_own_variables is base
+               and "save_own_variables" not in vars(o)]
+
+    def hand_over(optimizer: Any) -> Callable[[Any], None]:
+        def save_own_variables(store: Any) -> None:
+            for i, variable in enumerate(optimizer.variables):
+                store[str(i)] = variable
+        return save_own_variables
+
+    for o in patched:
+        o.save_own_variables = hand_over(o)
+    try:
+        yield
+    finally:
+        for o in patched:
+            del o.save_own_variables
 
 
 def write_weights(values: list[SavedValue], path: str) -> None:

@@ -112,14 +112,13 @@ def _host_copy(value: Any) -> np.ndarray:
     host here) and a CPU buffer a NumPy view holds is never donated to the next step. A
     TensorFlow variable's read shares its buffer until the next update, which then writes a
     new one (copy on write). Either way the view keeps the values of this step, and
-    training pays at most one copy, not two. Other backends, and TensorFlow's distributed
-    variables, are copied. tests/jobs/snapshot_job.py checks the written values against the
-    step's on both backends.
+    training pays at most one copy, not two. Other backends' values are copied.
+    tests/jobs/snapshot_job.py checks the written values against the step's on both backends.
     """
     raw = value.value if isinstance(value, keras.Variable) else value
     backend = keras.backend.backend()
     if backend == "jax":
         return np.asarray(raw)
-    if backend == "tensorflow" and type(raw).__name__ == "ResourceVariable":
+    if backend == "tensorflow" and hasattr(raw, "read_value"):  # any tf.Variable
         return np.asarray(raw.read_value())
     return np.array(keras.ops.convert_to_numpy(value), copy=True)

@@ -202,18 +202,21 @@ class RunManager:
             "or write to a new folder"
         )
 
-    def stage(self, name: str) -> Path:
+    def stage(self, name: str, *, drop_cached: bool = True) -> Path:
         """An empty local folder to write checkpoint ``name`` into before `submit`.
 
         Waits for an upload of the same name still in flight (a re-run epoch) and deletes the
-        local copy of the last committed checkpoint first: this save replaces it.
+        local copy of the last committed checkpoint first (this save replaces it), unless
+        ``drop_cached`` is False: a `submit` with ``write`` deletes it in the uploader's thread,
+        before writing, so that training does not wait for that delete either.
         """
         self.lease.check()
         if self.uploader.in_progress(name):
             self.uploader.wait()  # never rewrite files in flight
         folder = self.staging_dir / "staging" / name
         shutil.rmtree(folder, ignore_errors=True)
-        self.uploader.drop_cached()
+        if drop_cached:
+            self.uploader.drop_cached()
         return folder
 
     def discard(self, folder: Path) -> None:

@@ -49,9 +49,11 @@ class UploadJob:
     # once written, so that the memory goes as soon as the files are on disk.
     write: Callable[[Path], None] | None = None
 
-    def prepare(self) -> None:
-        """Write the files, if they are not yet: a failed earlier try's leftovers are cleared first."""
+    def prepare(self, before: Callable[[], None]) -> None:
+        """Write the files, if they are not yet: ``before()`` first, then a failed earlier try's
+        leftovers are cleared."""
         if self.write is not None:
+            before()
             shutil.rmtree(self.staged, ignore_errors=True)
             self.write(self.staged)
             self.write = None
@@ -193,7 +195,7 @@ class Uploader:
         """Commit in the calling thread (synchronous mode); errors raise, the staged folder is kept."""
         self.wait()
         job = UploadJob(Path(staged), name, manifest, time.monotonic(), write)
-        job.prepare()
+        job.prepare(before=self.drop_cached)
         info = self._commit(job.staged, job.name, job.manifest)
         self._committed_job(job)
         if self._on_commit is not None:
@@ -280,7 +282,7 @@ class Uploader:
                 return
             try:
                 try:
-                    job.prepare()
+                    job.prepare(before=self.drop_cached)  # the old copy goes first: never two on disk
                     info = self._commit(job.staged, job.name, job.manifest)
                 except BaseException as e:  # reported at the next wait(), never lost
                     self._failed_job(job, e)
