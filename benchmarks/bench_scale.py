@@ -119,6 +119,15 @@ def main(argv: list[str] | None = None) -> int:
     rss = PeakRSS()
     blocked: list[float] = []
     peaks: list[float] = []
+    alone: list[float] = []
+
+    class Windows(keras.callbacks.Callback):  # the same windows without a checkpoint: training's own
+        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+            if epoch:
+                alone.append(rss.over())
+            rss.window()
+
+    model.fit(x, y, epochs=3, batch_size=16, verbose=0, callbacks=[Windows()])  # also traces the step
 
     checkpoint = resumable.CheckpointCallback(folder, monitor="loss", keep_last=1, verbose=1,
                                               staging_dir=f"{tmp}/staging")
@@ -144,7 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"checkpoint {size:,.0f} MB ({latest.name}); fit with 2 saves {total:.1f} s")
     print(f"blocked per save: {', '.join(f'{b:.3f} s' for b in blocked)}")
     print(f"peak RSS over the baseline per save window: {', '.join(f'{p:,.0f} MB' for p in peaks)} "
-          f"({max(peaks) / size:.2f}x the checkpoint)", flush=True)
+          f"({max(peaks) / size:.2f}x the checkpoint); training alone, same windows: "
+          f"{', '.join(f'{p:,.0f} MB' for p in alone)}", flush=True)
 
     # Each load in a fresh process: its peak is its own, and the training above is not in it.
     timings: dict[str, tuple[float, float]] = {}
