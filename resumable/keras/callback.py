@@ -22,7 +22,7 @@ from resumable.core.errors import ResumableError
 from resumable.core.manifest import Manifest
 from resumable.core.naming import DEFAULT_TEMPLATE
 from resumable.core.policy import Retention, is_better, resolve_mode
-from resumable.keras import compat, keras_io, notebook
+from resumable.keras import compat, keras_io, notebook, trainable
 from resumable.manager.run_manager import RunManager
 from resumable.storage import CheckpointInfo, RunStorage
 from resumable.storage.errors import NO_SPACE_ERRNOS, free_space
@@ -83,6 +83,13 @@ class CheckpointCallback(keras.callbacks.Callback):
         save_weights_only: Save ``model.weights.h5`` (weights and optimizer state) instead of
             the whole ``.keras`` model; `resumable.resume` then needs ``build_model``.
             Defaults to False.
+        save_trainable_only: Save only what trains: the trainable variables (a LoRA
+            adapter's), the non-trainable ones that trained layers update (BatchNormalization's
+            statistics), the optimizer state and the training state, in ``trainable.npz``. The
+            frozen weights are left to ``build_model`` (``from_preset`` and ``enable_lora``), and
+            a fingerprint of them is recorded: `resumable.resume` needs ``build_model`` and
+            refuses a model whose frozen weights differ. For fine-tuning large models, where the
+            frozen part is gigabytes. Defaults to False.
         save_freq: ``"epoch"`` to save at the end of every epoch, or an int N to also save
             every N batches (mid-epoch checkpoints, at optimizer steps that are multiples of N).
             Defaults to ``"epoch"``.
@@ -124,6 +131,7 @@ class CheckpointCallback(keras.callbacks.Callback):
         mode: str = "auto",
         save_best_only: bool = False,
         save_weights_only: bool = False,
+        save_trainable_only: bool = False,
         save_freq: str | int = "epoch",
         save_interval: float | datetime.timedelta | None = None,
         keep_last: int | None = 3,
@@ -166,6 +174,12 @@ class CheckpointCallback(keras.callbacks.Callback):
                 "Expected True or False."
             )
         self.takeover = takeover
+        if not isinstance(save_trainable_only, bool):
+            raise ValueError(
+                "Invalid value for argument `save_trainable_only`. Received: "
+                f"save_trainable_only={save_trainable_only!r}. Expected True or False."
+            )
+        self.save_trainable_only = save_trainable_only
         lease_seconds = check_timeout(lease_timeout)
         self.monitor = monitor
         self.mode = resolve_mode(monitor, mode)
@@ -577,7 +591,7 @@ class CheckpointCallback(keras.callbacks.Callback):
         try:
             with self.manager.serializing():
                 keras_io.save(self.model, staging, weights_only=self.save_weights_only, state=state,
-                              arrays=arrays)
+                              arrays=arrays, trainable_only=self.save_trainable_only)
         except OSError as e:
             if e.errno not in NO_SPACE_ERRNOS:
                 raise
@@ -647,17 +661,21 @@ class CheckpointCallback(keras.callbacks.Callback):
 
     def _summary(self, callback_states: dict[str, Any]) -> dict[str, Any]:
         """What `resumable inspect` shows: small, JSON only."""
-        return keras_io.jsonable({
+        summary = {
             "monitor": self.monitor,
             "mode": self.mode,
             "best": self.best,
             "stopped_early": self.stopped_early,
             "epochs_planned": (self.params or {}).get("epochs"),
-            "format": "weights" if self.save_weights_only else "keras",
+            "format": "trainable" if self.save_trainable_only else "weights" if self.save_weights_only
+            else "keras",
             "backend": keras.backend.backend(),
             "optimizer": keras_io.optimizer_summary(self.model),
             "callbacks": callback_states,
-        })
+        }
+        if self.save_trainable_only:  # the base model the run trains on (cached: no second pass)
+            summary["frozen"] = trainable.fingerprint(self.model).to_json()
+        return keras_io.jsonable(summary)
 
     # ------------------------------------------------------------------ checks
 

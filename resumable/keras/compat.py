@@ -207,5 +207,41 @@ def set_fit_initial_epoch(model: keras.Model, epoch: int | None) -> None:
     model._initial_epoch = epoch
 
 
+# ----------------------------------------------------------------------------- trained, not trainable
+
+
+def trained_non_trainable_variables(model: keras.Model) -> list[Any] | None:
+    """Variables that layers being trained create non-trainable: BatchNormalization's moving
+    statistics, float8 scaling histories. They change during training though no optimizer
+    touches them, so a checkpoint of what trains must hold them.
+
+    A layer counts when it and every layer around it is trainable (a frozen BatchNormalization
+    runs in inference mode). Variables frozen afterwards (``layer.trainable = False``, LoRA's
+    frozen kernels) are not among them: Keras keeps those in ``Layer._trainable_variables``.
+    Uses ``Layer._layers`` and ``Layer._non_trainable_variables``; None when this Keras lacks them.
+    """
+    found: list[Any] = []
+    seen: set[int] = set()
+    stack: list[tuple[Any, bool]] = [(model, True)]
+    try:
+        while stack:
+            layer, outer = stack.pop()
+            if id(layer) in seen:
+                continue
+            seen.add(id(layer))
+            trains = outer and bool(layer.trainable)
+            if trains:
+                found.extend(layer._non_trainable_variables)
+            stack.extend((sub, trains) for sub in reversed(list(layer._layers)))
+    except AttributeError:
+        logger.warning("%s", unsupported("Layer._layers and Layer._non_trainable_variables"))
+        return None
+    unique: dict[int, Any] = {}
+    for variable in found:  # a shared variable once, at its first place
+        unique.setdefault(id(variable), variable)
+    return list(unique.values())
+
+
 __all__ = ["ArrayAdapters", "array_adapters", "global_seed_generator", "model_checkpoint_internals",
-           "running_fit_callbacks", "set_fit_initial_epoch", "tensorflow_unavailable", "unsupported"]
+           "running_fit_callbacks", "set_fit_initial_epoch", "tensorflow_unavailable",
+           "trained_non_trainable_variables", "unsupported"]

@@ -9,7 +9,9 @@ under a TPU strategy needs no ``experimental_io_device``.
 
 Files of a checkpoint folder:
 
-- ``model.keras`` (or ``model.weights.h5`` with ``save_weights_only``): weights and optimizer state.
+- ``model.keras`` (or ``model.weights.h5`` with ``save_weights_only``): weights and optimizer state;
+  with ``save_trainable_only``, ``trainable.npz`` instead: what trains and its optimizer state
+  (``trainable.py``), the frozen weights named by a fingerprint in ``state.json``.
 - ``state.json``: history, callback states, RNG states, the weight layout (to name mismatches);
   mid-epoch, also the RNG states at the epoch's start (``epoch_rng``: they decide its data order).
 - ``arrays.npz``: states of the model's seed generators (Dropout's masks continue, Keras does not
@@ -33,7 +35,7 @@ import keras
 import numpy as np
 
 from resumable.core.errors import CheckpointMismatchError, CheckpointNotFoundError, ResumableError
-from resumable.keras import compat
+from resumable.keras import compat, trainable
 
 logger = logging.getLogger("resumable")
 
@@ -56,17 +58,23 @@ CALLBACK_FIELDS: dict[str, tuple[str, ...]] = {
 
 
 def save(model: keras.Model, folder: Path, *, weights_only: bool, state: dict[str, Any],
-         arrays: dict[str, np.ndarray] | None = None) -> None:
-    """Write the model (with its optimizer state), ``state.json`` and callback arrays to ``folder``."""
+         arrays: dict[str, np.ndarray] | None = None, trainable_only: bool = False) -> None:
+    """Write the model (with its optimizer state), ``state.json`` and callback arrays to ``folder``.
+
+    ``trainable_only``: only what trains and its optimizer state (``trainable.npz``), with the
+    frozen weights' fingerprint in ``state.json``.
+    """
     folder.mkdir(parents=True, exist_ok=True)
     arrays = {**(arrays or {}), **_seed_generator_arrays(model)}
     _check_whole_arrays(model)
+    state = {**state, "version": STATE_VERSION, "model": model_summary(model)}
     with _no_tensorflow_import(), _no_distribution():
-        if weights_only:
+        if trainable_only:
+            state["trainable"] = trainable.save(model, folder)
+        elif weights_only:
             model.save_weights(str(folder / WEIGHTS_FILE))
         else:
             model.save(str(folder / MODEL_FILE))
-    state = {**state, "version": STATE_VERSION, "model": model_summary(model)}
     (folder / STATE_FILE).write_text(json.dumps(_jsonable(state), indent=1))
     if arrays:
         np.savez(folder / ARRAYS_FILE, **arrays)  # type: ignore[arg-type]
@@ -154,11 +162,16 @@ def load_model(folder: Path, build_model: Callable[[], keras.Model] | None, *, s
     on any number of devices. ``where`` names the checkpoint in errors.
     """
     state = read_state(folder)
-    weights_file = folder / (WEIGHTS_FILE if (folder / WEIGHTS_FILE).is_file() else MODEL_FILE)
-    if not weights_file.is_file():
-        raise CheckpointMismatchError(f"{where}: holds neither {MODEL_FILE} nor {WEIGHTS_FILE}")
+    layout = state.get("trainable")
+    weights_file = _weights_file(folder, layout, where)
     with scope(strategy, distribution), _no_tensorflow_import():
         if build_model is None:
+            if layout is not None:
+                raise CheckpointNotFoundError(
+                    f"{where} holds only what trains (save_trainable_only=True); pass build_model=<a "
+                    "function building and compiling the same model, e.g. from_preset + enable_lora> "
+                    "to resumable.resume()"
+                )
             if weights_file.name == WEIGHTS_FILE:
                 raise CheckpointNotFoundError(
                     f"{where} holds weights only (save_weights_only=True); pass build_model=<a function "
@@ -170,20 +183,36 @@ def load_model(folder: Path, build_model: Callable[[], keras.Model] | None, *, s
             _ensure_built(model, state.get("model", {}), where)
             _check_layout(model, state.get("model", {}).get("weights"), where)
             _check_optimizer_class(model, state.get("optimizer"), where)
-            optimizer = getattr(model, "optimizer", None)
-            if optimizer is not None and not optimizer.built:
-                # Keras 3 skips optimizer variables in load_weights unless the optimizer exists.
-                optimizer.build(model.trainable_variables)
-            try:
-                model.load_weights(str(weights_file))
-            except ValueError as e:
-                raise CheckpointMismatchError(
-                    f"{where} does not fit the model from build_model(): {e}"
-                ) from e
+            _load_weights(model, weights_file, layout, where, "the model from build_model()")
     _check_optimizer(model, state.get("optimizer"), where)
     with scope(strategy, distribution):
         restore_seed_generators(model, read_arrays(folder), where)
     return model
+
+
+def _weights_file(folder: Path, layout: dict[str, Any] | None, where: str) -> Path:
+    """The file holding the checkpoint's weights: model.weights.h5, model.keras or trainable.npz."""
+    names = [trainable.TRAINABLE_FILE] if layout is not None else [WEIGHTS_FILE, MODEL_FILE]
+    for name in names:
+        if (folder / name).is_file():
+            return folder / name
+    raise CheckpointMismatchError(f"{where}: holds none of {', '.join(names)}")
+
+
+def _load_weights(model: keras.Model, weights_file: Path, layout: dict[str, Any] | None, where: str,
+                  target: str) -> None:
+    """The checkpoint's weights and optimizer state into ``model`` (built, its optimizer checked)."""
+    if layout is not None:
+        trainable.load(model, weights_file.parent, layout, where)
+        return
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is not None and not optimizer.built:
+        # Keras 3 skips optimizer variables in load_weights unless the optimizer exists.
+        optimizer.build(model.trainable_variables)
+    try:
+        model.load_weights(str(weights_file))
+    except ValueError as e:
+        raise CheckpointMismatchError(f"{where} does not fit {target}: {e}") from e
 
 
 def build(build_model: Callable[[], keras.Model]) -> keras.Model:
@@ -598,16 +627,11 @@ def load_into(model: keras.Model, folder: Path, where: str) -> None:
     Run rolled back after an exception). The layout and optimizer are checked as in `load_model`.
     """
     state = read_state(folder)
-    weights_file = folder / (WEIGHTS_FILE if (folder / WEIGHTS_FILE).is_file() else MODEL_FILE)
+    layout = state.get("trainable")
+    weights_file = _weights_file(folder, layout, where)
     _check_layout(model, state.get("model", {}).get("weights"), where)
     _check_optimizer_class(model, state.get("optimizer"), where)
-    optimizer = getattr(model, "optimizer", None)
-    if optimizer is not None and not optimizer.built:
-        optimizer.build(model.trainable_variables)  # Keras 3 skips optimizer variables otherwise
-    try:
-        model.load_weights(str(weights_file))
-    except ValueError as e:
-        raise CheckpointMismatchError(f"{where} does not fit the model: {e}") from e
+    _load_weights(model, weights_file, layout, where, "the model")
     _check_optimizer(model, state.get("optimizer"), where)
     restore_seed_generators(model, read_arrays(folder), where)
 
