@@ -242,6 +242,24 @@ def trained_non_trainable_variables(model: keras.Model) -> list[Any] | None:
     return list(unique.values())
 
 
-__all__ = ["ArrayAdapters", "array_adapters", "global_seed_generator", "model_checkpoint_internals",
-           "running_fit_callbacks", "set_fit_initial_epoch", "tensorflow_unavailable",
-           "trained_non_trainable_variables", "unsupported"]
+def lora_layer_variables(model: keras.Model) -> list[Any] | None:
+    """The own variables of the model's LoRA-enabled layers (``layer.lora_enabled``: Dense,
+    EinsumDense, Embedding, convolutions), in the order each layer stores them.
+
+    Keras saves such a layer with its LoRA factors merged into the kernel and loads it with the
+    factors zeroed: a resumed fine-tune would not continue as it was. Uses
+    ``Layer._flatten_layers``, ``Layer._trainable_variables`` and ``Layer._non_trainable_variables``
+    (what ``Layer.save_own_variables`` stores); None when this Keras lacks them.
+    """
+    try:
+        return [v for layer in model._flatten_layers() if getattr(layer, "lora_enabled", False) is True
+                for v in (*layer._trainable_variables, *layer._non_trainable_variables)]
+    except AttributeError:
+        logger.warning("%s; LoRA layers resume with their factors merged into the kernel",
+                       unsupported("Layer._flatten_layers and Layer._trainable_variables"))
+        return None
+
+
+__all__ = ["ArrayAdapters", "array_adapters", "global_seed_generator", "lora_layer_variables",
+           "model_checkpoint_internals", "running_fit_callbacks", "set_fit_initial_epoch",
+           "tensorflow_unavailable", "trained_non_trainable_variables", "unsupported"]

@@ -15,8 +15,9 @@ Files of a checkpoint folder:
 - ``state.json``: history, callback states, RNG states, the weight layout (to name mismatches);
   mid-epoch, also the RNG states at the epoch's start (``epoch_rng``: they decide its data order).
 - ``arrays.npz``: states of the model's seed generators (Dropout's masks continue, Keras does not
-  save them), arrays held by callbacks (EarlyStopping's best weights) and, mid-epoch, the
-  metrics' running totals (``metrics/<i>``).
+  save them), arrays held by callbacks (EarlyStopping's best weights), in full checkpoints the
+  unmerged variables of LoRA layers (``lora/<i>``: Keras saves them merged, ``lora.py``) and,
+  mid-epoch, the metrics' running totals (``metrics/<i>``).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import keras
 import numpy as np
 
 from resumable.core.errors import CheckpointMismatchError, CheckpointNotFoundError, ResumableError
-from resumable.keras import compat, trainable
+from resumable.keras import compat, lora, trainable
 
 logger = logging.getLogger("resumable")
 
@@ -68,6 +69,8 @@ def save(model: keras.Model, folder: Path, *, weights_only: bool, state: dict[st
     arrays = {**(arrays or {}), **_seed_generator_arrays(model)}
     _check_whole_arrays(model)
     state = {**state, "version": STATE_VERSION, "model": model_summary(model)}
+    if not trainable_only:
+        arrays.update(lora.raw_arrays(model))  # Keras saves LoRA layers merged
     with _no_tensorflow_import(), _no_distribution():
         if trainable_only:
             state["trainable"] = trainable.save(model, folder)
@@ -186,7 +189,9 @@ def load_model(folder: Path, build_model: Callable[[], keras.Model] | None, *, s
             _load_weights(model, weights_file, layout, where, "the model from build_model()")
     _check_optimizer(model, state.get("optimizer"), where)
     with scope(strategy, distribution):
-        restore_seed_generators(model, read_arrays(folder), where)
+        arrays = read_arrays(folder)
+        lora.restore(model, arrays, where)
+        restore_seed_generators(model, arrays, where)
     return model
 
 
@@ -633,7 +638,9 @@ def load_into(model: keras.Model, folder: Path, where: str) -> None:
     _check_optimizer_class(model, state.get("optimizer"), where)
     _load_weights(model, weights_file, layout, where, "the model")
     _check_optimizer(model, state.get("optimizer"), where)
-    restore_seed_generators(model, read_arrays(folder), where)
+    arrays = read_arrays(folder)
+    lora.restore(model, arrays, where)
+    restore_seed_generators(model, arrays, where)
 
 
 def load_file(path: Path, **kwargs: Any) -> keras.Model:

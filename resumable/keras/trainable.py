@@ -9,8 +9,7 @@ Fine-tuning a keras-hub model with LoRA trains megabytes of a model of gigabytes
 - ``optimizer/<i>``: every optimizer variable (iterations, learning rate, Adam's moments, a
   LossScaleOptimizer's scale).
 
-Bytes are stored as they are: types ``.npy`` cannot name (bfloat16 and the other ml_dtypes)
-as unsigned integers of the same width, with their dtype in ``state.json``'s layout.
+Bytes are stored as they are (``npy.py``: bfloat16 as uint16), dtypes in ``state.json``'s layout.
 
 The frozen weights come back from the user's ``build_model()`` (``from_preset`` and
 ``enable_lora``); the checkpoint records their fingerprint (CRC32C of their bytes, shapes and
@@ -33,7 +32,7 @@ import numpy as np
 from resumable.core.checksum import CHUNK_SIZE
 from resumable.core.display import human_size
 from resumable.core.errors import CheckpointMismatchError
-from resumable.keras import compat
+from resumable.keras import compat, npy
 
 TRAINABLE_FILE = "trainable.npz"
 
@@ -99,7 +98,7 @@ def fingerprint(model: keras.Model) -> Fingerprint:
     total = google_crc32c.Checksum()
     size = 0
     for variable in frozen:  # one variable at a time: host memory holds one, never the model
-        value = _stored(keras.ops.convert_to_numpy(variable))
+        value = npy.storable(keras.ops.convert_to_numpy(variable))
         total.update(f"{keras.backend.standardize_dtype(variable.dtype)}{list(value.shape)};".encode())
         for chunk in _chunks(value):
             total.update(chunk)
@@ -137,7 +136,7 @@ def save(model: keras.Model, folder: Path) -> dict[str, Any]:
     arrays: dict[str, np.ndarray] = {}
     for kind, variables in (("weights", weights), ("optimizer", optimizer)):
         for i, variable in enumerate(variables):
-            arrays[f"{kind}/{i}"] = _stored(keras.ops.convert_to_numpy(variable))
+            arrays[f"{kind}/{i}"] = npy.storable(keras.ops.convert_to_numpy(variable))
     np.savez(folder / TRAINABLE_FILE, **arrays)  # type: ignore[arg-type]
     return {"weights": _layout(weights), "optimizer": _layout(optimizer),
             "frozen": fingerprint(model).to_json()}
@@ -164,7 +163,7 @@ def load(model: keras.Model, folder: Path, layout: dict[str, Any], where: str) -
     with np.load(folder / TRAINABLE_FILE) as data:
         for kind, targets in (("weights", weights), ("optimizer", variables)):
             for i, variable in enumerate(targets):
-                variable.assign(_restored(data[f"{kind}/{i}"], variable))
+                variable.assign(npy.for_variable(data[f"{kind}/{i}"], variable))
 
 
 def _layout(variables: list[Any]) -> list[list[Any]]:
@@ -174,12 +173,13 @@ def _layout(variables: list[Any]) -> list[list[Any]]:
 def _check(variables: list[Any], saved: list[list[Any]], what: str, where: str, advice: str) -> None:
     """Name the first variable whose shape or dtype differs, or the first one only one side has."""
     ours = _layout(variables)
-    for (path, shape, dtype), (saved_path, saved_shape, saved_dtype) in zip(ours, saved, strict=False):
+    for i, ((path, shape, dtype), (saved_path, saved_shape, saved_dtype)) in enumerate(
+            zip(ours, saved, strict=False)):
         if (list(shape), dtype) != (list(saved_shape), saved_dtype):
             raise CheckpointMismatchError(
-                f"{where} does not fit the model from build_model(): {path!r} is {dtype} "
-                f"{tuple(shape)} in the model but {saved_dtype} {tuple(saved_shape)} in the checkpoint "
-                f"(saved as {saved_path!r}); {advice}"
+                f"{where} does not fit the model from build_model(): of the {what}, number {i} is "
+                f"{path!r} ({dtype} {tuple(shape)}) in the model but {saved_path!r} ({saved_dtype} "
+                f"{tuple(saved_shape)}) in the checkpoint; {advice}"
             )
     if len(ours) != len(saved):
         extra = (ours if len(ours) > len(saved) else saved)[min(len(ours), len(saved))][0]
@@ -187,16 +187,3 @@ def _check(variables: list[Any], saved: list[list[Any]], what: str, where: str, 
             f"{where} holds {len(saved)} {what} and the model from build_model() has {len(ours)} "
             f"({extra!r} is only in the {'model' if len(ours) > len(saved) else 'checkpoint'}); {advice}"
         )
-
-
-def _stored(value: np.ndarray) -> np.ndarray:
-    """The array ``.npy`` can hold: a type it cannot name (bfloat16) as unsigned ints of its width."""
-    value = np.asarray(value)
-    if np.dtype(value.dtype.str) != value.dtype:
-        return value.view(f"u{value.dtype.itemsize}")
-    return value
-
-
-def _restored(stored: np.ndarray, variable: Any) -> np.ndarray:
-    dtype = np.dtype(keras.backend.standardize_dtype(variable.dtype))
-    return stored.view(dtype) if stored.dtype != dtype and stored.dtype.kind == "u" else stored
