@@ -142,6 +142,26 @@ def test_a_mid_epoch_trainable_only_checkpoint_resumes_at_its_batch(tmp_path: Pa
     assert resumed.history == straight.history
 
 
+class RaiseAt(InterruptAt):
+    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        if (self.epoch, batch + 1) == self.at:
+            raise RuntimeError("boom")
+
+
+def test_run_fit_again_after_an_error_goes_back_to_the_trainable_only_checkpoint(tmp_path: Path) -> None:
+    keras.utils.set_random_seed(1)
+    straight = resumable.resume(str(tmp_path / "straight"), build_model=lora_model)
+    straight.fit(X, Y, epochs=2, **FIT)
+
+    keras.utils.set_random_seed(1)
+    run = resumable.resume(str(tmp_path / "run"), build_model=lora_model, save_trainable_only=True)
+    with pytest.raises(RuntimeError, match="boom"):
+        run.fit(X, Y, epochs=2, callbacks=[RaiseAt(epoch=1, batch=3)], **FIT)
+    run.fit(X, Y, epochs=2, **FIT)  # loads epoch 1's trainable.npz into the model trained 3 batches past it
+
+    assert_same_state(straight.model, run.model)
+
+
 def test_resume_without_build_model_says_to_pass_one(tmp_path: Path) -> None:
     run = resumable.resume(str(tmp_path / "run"), build_model=lora_model, save_trainable_only=True)
     run.fit(X, Y, epochs=1, **FIT)
