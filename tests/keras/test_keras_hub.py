@@ -25,9 +25,9 @@ import pytest
 from paths import JOBS
 
 from resumable import RunStorage
+from resumable.keras.positioning import rest_of_epoch
 
 pytestmark = [
-    pytest.mark.slow,
     pytest.mark.skipif(
         importlib.util.find_spec("keras_hub") is None,
         reason="keras-hub is not installed: pip install --no-deps -r requirements/keras-hub.txt"),
@@ -90,6 +90,7 @@ def checkpoint_size(url: Path) -> int:
     return latest.manifest.total_size
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_lora_fine_tune_killed_and_resumed_from_trainable_only_checkpoints_equals_one_never_killed(
     backend: str, tmp_path: Path,
@@ -117,3 +118,25 @@ def test_a_lora_fine_tune_killed_and_resumed_from_trainable_only_checkpoints_equ
     print(f"{backend}: trainable-only checkpoint {trainable_only} bytes, full {full} bytes "
           f"({trainable_only / full:.1%})")
     assert trainable_only < 0.15 * full
+
+
+def test_the_rest_of_an_epoch_of_a_keras_hub_task_is_its_samples_from_the_batch_on() -> None:
+    """keras-hub's fit batches arrays and lists of prompts in order, whatever ``shuffle`` says."""
+    sys.path.insert(0, str(JOBS))
+    try:
+        from lora_job import build_model, data
+    finally:
+        sys.path.remove(str(JOBS))
+    model = build_model()
+    x, y = data()
+
+    rest = rest_of_epoch(model, (x, y), {"batch_size": 8, "epochs": 3, "shuffle": True}, 2, {})
+    assert isinstance(rest, dict)
+    assert all(np.array_equal(rest["x"][key], x[key][16:]) for key in ("token_ids", "padding_mask"))
+    assert np.array_equal(rest["y"], y[16:]) and rest["batch_size"] == 8 and "shuffle" not in rest
+
+    prompts = [f"prompt {i}" for i in range(40)]  # what a Colab fine-tune passes to GemmaCausalLM.fit
+    rest = rest_of_epoch(model, (prompts,), {"epochs": 1}, 1, {})  # keras-hub's default batch: 32
+    assert isinstance(rest, dict) and rest["x"] == prompts[32:] and rest["y"] is None
+    assert rest_of_epoch(model, (prompts,), {"epochs": 1, "batch_size": 4}, 10, {}) == (
+        "the arrays hold only 10 batches")
