@@ -210,6 +210,10 @@ def set_fit_initial_epoch(model: keras.Model, epoch: int | None) -> None:
 # ----------------------------------------------------------------------------- trained, not trainable
 
 
+# Where Keras keeps the variables a layer created non-trainable (a name, so tests can rename it).
+_OWN_NON_TRAINABLE = "_non_trainable_variables"
+
+
 def trained_non_trainable_variables(model: keras.Model) -> list[Any] | None:
     """Variables that layers being trained create non-trainable: BatchNormalization's moving
     statistics, float8 scaling histories. They change during training though no optimizer
@@ -231,15 +235,22 @@ def trained_non_trainable_variables(model: keras.Model) -> list[Any] | None:
             seen.add(id(layer))
             trains = outer and bool(layer.trainable)
             if trains:
-                found.extend(layer._non_trainable_variables)
+                found.extend(getattr(layer, _OWN_NON_TRAINABLE))
             stack.extend((sub, trains) for sub in reversed(list(layer._layers)))
     except AttributeError:
-        logger.warning("%s", unsupported("Layer._layers and Layer._non_trainable_variables"))
+        _warn_once(unsupported("Layer._layers and Layer._non_trainable_variables") + "; trainable-only "
+                   "checkpoints hold every float non-trainable weight")
         return None
     unique: dict[int, Any] = {}
     for variable in found:  # a shared variable once, at its first place
         unique.setdefault(id(variable), variable)
     return list(unique.values())
+
+
+@functools.cache
+def _warn_once(message: str) -> None:
+    """Say it once a session: these are asked at every save."""
+    logger.warning("%s", message)
 
 
 def lora_layer_variables(model: keras.Model) -> list[Any] | None:
@@ -255,8 +266,8 @@ def lora_layer_variables(model: keras.Model) -> list[Any] | None:
         return [v for layer in model._flatten_layers() if getattr(layer, "lora_enabled", False) is True
                 for v in (*layer._trainable_variables, *layer._non_trainable_variables)]
     except AttributeError:
-        logger.warning("%s; LoRA layers resume with their factors merged into the kernel",
-                       unsupported("Layer._flatten_layers and Layer._trainable_variables"))
+        _warn_once(unsupported("Layer._flatten_layers and Layer._trainable_variables")
+                   + "; LoRA layers resume with their factors merged into the kernel")
         return None
 
 
