@@ -1,7 +1,7 @@
 """Trainable-only against full checkpoints of a keras-hub Gemma with LoRA: sizes and times.
 
     python benchmarks/bench_lora.py                # the 2-layer test model (seconds)
-    python benchmarks/bench_lora.py --model 2b     # Gemma 2B's shape, bfloat16, random weights (minutes, ~12 GB RAM)
+    python benchmarks/bench_lora.py --model 2b     # Gemma 2B's shape, bfloat16 (minutes, ~12 GB RAM)
 
 Builds the model from a config with seeded random weights (nothing is downloaded), enables
 LoRA (rank 4), trains one step so the optimizer has its state, then times resumable's own
