@@ -1,27 +1,40 @@
-"""How long training waits for checkpoints, and how long a resume takes, on fake-gcs-server.
+"""What checkpoints cost training, against Keras' own savers, and how long a resume takes.
 
-One process, one model shape (an MLP of about ``--params`` parameters with Adam, trained on
-synthetic data), four configurations trained in turn, each from the same initial weights:
+Six configurations train the same functional model (``keras.Input`` -> ``Dense`` -> ``Dense`` ->
+``Dense(10)``, about ``--params`` parameters, Adam, synthetic data), each from the same initial
+weights, on TensorFlow and on JAX (one process per backend):
 
-1. no checkpointing
-2. ``keras.callbacks.ModelCheckpoint`` saving ``.keras`` to a local folder every epoch
-3. ``resumable.CheckpointCallback`` to ``gs://`` on fake-gcs-server, background uploads
-4. the same with ``async_upload=False``
+- ``none``:          no checkpoints
+- ``keras``:         ``keras.callbacks.ModelCheckpoint``, a ``.keras`` file in a local folder
+- ``orbax``:         ``keras.callbacks.OrbaxCheckpoint`` to a local folder (background saves)
+- ``orbax-gcs``:     the same to ``gs://`` on fake-gcs-server
+- ``resumable``:     ``resumable.CheckpointCallback`` to a local folder
+- ``resumable-gcs``: the same to ``gs://`` on fake-gcs-server
 
-Per configuration: the median epoch time (epoch start to next epoch start, first epoch
-excluded: it traces the graph), the median time training was blocked per save (the
-checkpoint callback's ``on_epoch_end``), the wait at the end of training, the peak RSS
-above the pre-save baseline during a save, and the CPU time per epoch of this process and of
-the emulator (which, on one machine, competes with training as a remote server would not).
-Then ``resume()`` from call to model ready (a cold local cache) against a bare gcsfs
-``get_file`` + ``keras.models.load_model`` of the same file.
+Every one saves at every epoch end and keeps the last two (ModelCheckpoint overwrites one file).
+The model is functional because on a ``Sequential`` model Keras 3.15's Orbax load path silently
+restores only the step counter. The Orbax configurations are skipped when ``orbax-checkpoint``
+is not installed.
+
+The configurations run in rounds (``--rounds``), in an order rotated each round so that a busy
+moment of the machine hits all of them. Per round and configuration: the epoch time (median over
+epochs 2 to N: the first traces the graph), the time training is blocked per save (inside the
+checkpoint callback's epoch and batch hooks, median over saves 2 to N), the wait at the end of
+training, the peak RSS above the baseline from the start of one save to the start of the next
+(a background write included), the checkpoint's size, and the CPU seconds per epoch of this
+process and of the emulator. Then, each in a rotated order: ``resume()`` with and without
+``build_model`` from the local and the ``gs://`` run, against a bare ``keras.saving.load_model``
+of the same local ``.keras`` file and a bare gcsfs ``get_file`` + ``load_model`` of the same
+object, and ``keras.saving.load_model`` of the local Orbax folder (Keras 3.15 loads its newest
+step). Loading an Orbax checkpoint back from the emulator needs TensorFlow's gfile: not timed.
+Ratios are taken within a round and reported, like every metric, as median [min-max] over rounds.
 
 Usage::
 
-    python benchmarks/bench_save.py --write-docs     # 25M parameters; table into docs/benchmarks.md
-    python benchmarks/bench_save.py --tiny           # a small model, seconds: what CI runs
-    python benchmarks/bench_save.py --configs 2,3 --emulator-nice 19   # the emulator yields the CPU
-    python benchmarks/bench_save.py --configs 2,3 --emulator-cpu 1     # the emulator on a CPU of its own
+    python benchmarks/bench_save.py --write-docs      # both backends, 25M parameters; into docs/benchmarks.md
+    python benchmarks/bench_save.py --tiny            # a small model, one round: what the tests run
+    python benchmarks/bench_save.py --backend jax --configs keras,orbax,resumable --rounds 3
+    python benchmarks/bench_save.py --emulator-cpu 1  # the emulator on CPU 1, training on the others
 
 Uses the emulator at ``STORAGE_EMULATOR_HOST`` when set, else starts its own fake-gcs-server.
 """
@@ -29,17 +42,26 @@ Uses the emulator at ``STORAGE_EMULATOR_HOST`` when set, else starts its own fak
 from __future__ import annotations
 
 import argparse
+import gc
+import importlib.util
+import json
+import logging
 import math
 import os
 import platform
+import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
 import time
 import uuid
+import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import date
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
@@ -49,13 +71,42 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from bench_list import emulator  # noqa: E402
 
-from resumable.core.display import format_table, human_size  # noqa: E402
+from resumable.core.display import format_table  # noqa: E402
 
 DOCS = Path(__file__).parent.parent / "docs" / "benchmarks.md"
 BEGIN, END = "<!-- bench_save: begin -->", "<!-- bench_save: end -->"
-BLOCKED_TARGET = 1.1  # issue #5: blocked per save <= 1.1x the local .keras save
-EPOCH_TARGET = 1.10  # epoch time with background uploads within 10 % of ModelCheckpoint's
-RESUME_TARGET = 1.2  # resume() within 1.2x of gcsfs get + load_model
+BACKENDS = ("tensorflow", "jax")
+BACKEND_NAMES = {"tensorflow": "TensorFlow", "jax": "JAX"}
+
+CONFIGS = {
+    "none": "no checkpoints",
+    "keras": "ModelCheckpoint .keras, local",
+    "orbax": "OrbaxCheckpoint, local",
+    "orbax-gcs": "OrbaxCheckpoint, gs://",
+    "resumable": "resumable, local",
+    "resumable-gcs": "resumable, gs://",
+}
+ORBAX = ("orbax", "orbax-gcs")
+KEEP = 2  # checkpoints kept: Orbax's max_to_keep, resumable's keep_last
+
+# Resume measures: the first three load the `resumable` configuration's checkpoint, the next three
+# `resumable-gcs`'s, the last `orbax`'s.
+RESUMES = {
+    "load_model": "keras.saving.load_model, local .keras",
+    "resume+build": "resume(local, build_model)",
+    "resume": "resume(local)",
+    "gcsfs+load": "gcsfs get_file + load_model, gs://",
+    "resume-gcs+build": "resume(gs://, build_model)",
+    "resume-gcs": "resume(gs://)",
+    "orbax-load": "keras.saving.load_model, Orbax folder",
+}
+
+# Issue #24's targets.
+BLOCKED_TARGET = 0.1  # blocked per save, x ModelCheckpoint's local .keras save
+RSS_TARGET, RSS_CONSTANT_MB = 1.2, 64  # peak RSS over baseline <= 1.2x the checkpoint + 64 MB
+EPOCH_TARGET = 1.05  # epoch time saving every epoch to a local folder, x training without checkpoints
+RESUME_LOCAL_TARGET = 1.1  # resume(), x a bare load_model of the same file
+RESUME_GCS_TARGET = 1.0  # resume() from gs://, x a bare gcsfs get_file + load_model
 
 
 class RSS:
@@ -63,6 +114,7 @@ class RSS:
 
     def __init__(self) -> None:
         self.peak = self.now()
+        self._lock = threading.Lock()  # a window's reset must not be overwritten by an older peak
         self._stop = threading.Event()
         threading.Thread(target=self._run, daemon=True).start()
 
@@ -73,105 +125,32 @@ class RSS:
 
     def _run(self) -> None:
         while not self._stop.wait(0.002):
-            self.peak = max(self.peak, self.now())
+            with self._lock:
+                self.peak = max(self.peak, self.now())
 
     def window(self) -> int:
         """Start a window: the peak restarts from now; returns the baseline."""
-        self.peak = base = self.now()
+        with self._lock:
+            self.peak = base = self.now()
         return base
 
     def stop(self) -> None:
         self._stop.set()
 
 
+# ----------------------------------------------------------------------------- command line
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--params", type=float, default=25e6, help="model parameters (default 25e6)")
-    parser.add_argument("--epochs", type=int, default=6, help="epochs per configuration (default 6)")
-    parser.add_argument("--steps", type=int, default=8, help="batches per epoch (default 8)")
-    parser.add_argument("--batch-size", type=int, default=128)
-    parser.add_argument("--repeat", type=int, default=3, help="resume timings, median kept (default 3)")
-    parser.add_argument("--tiny", action="store_true", help="200k parameters, 3 epochs: proves it works")
-    parser.add_argument("--configs", default="1,2,3,4",
-                        help="configurations to run, in this order (default 1,2,3,4)")
-    parser.add_argument("--emulator-nice", type=int, default=0, metavar="N",
-                        help="run the emulator at nice N: on one machine, its CPU competes with training, "
-                             "which a remote server's does not (default 0)")
-    parser.add_argument("--emulator-cpu", type=int, default=None, metavar="N",
-                        help="pin the emulator to CPU N and this process (training, uploads) to the "
-                             "others, as if the server were elsewhere (default: not pinned)")
-    parser.add_argument("--write-docs", action="store_true", help=f"put the tables into {DOCS.name}")
-    args = parser.parse_args(argv)
-    if args.tiny:
-        args.params, args.epochs, args.steps, args.repeat = 2e5, 3, 4, 1
-    if args.epochs < 3 or args.steps < 1 or args.repeat < 1:
-        parser.error("--epochs must be >= 3, --steps and --repeat >= 1")
-    server_cpus = None
-    if args.emulator_cpu is not None:
-        cpus = os.sched_getaffinity(0)
-        if args.emulator_cpu not in cpus or len(cpus) < 2:
-            parser.error(f"--emulator-cpu: CPU {args.emulator_cpu} is not one of this process' "
-                         f"{sorted(cpus)}, or it is the only one")
-        server_cpus = {args.emulator_cpu}
-        os.sched_setaffinity(0, cpus - server_cpus)  # before TensorFlow sizes its thread pools
-    order = [c.strip() for c in args.configs.split(",")]
-    wanted = set(order)
-    if "2" not in wanted or not wanted <= {"1", "2", "3", "4"} or len(order) != len(wanted):
-        parser.error("--configs: some of 1,2,3,4, each once, including 2 (the baseline of every ratio)")
-
-    import keras
-    import numpy as np
-
-    import resumable
-
-    width = int(math.sqrt(args.params / 1.25))  # features = width / 4: params ~ 1.25 width^2
-    features = max(width // 4, 8)
-
-    def build() -> Any:
-        keras.utils.set_random_seed(1)
-        model = keras.Sequential([keras.Input((features,)), keras.layers.Dense(width, activation="relu"),
-                                  keras.layers.Dense(width, activation="relu"), keras.layers.Dense(10)])
-        model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-        return model
-
-    rng = np.random.default_rng(0)
-    samples = args.steps * args.batch_size
-    x = rng.normal(size=(samples, features)).astype("float32")
-    y = rng.integers(0, 10, size=(samples,))
-    rss = RSS()
-    results: dict[str, dict[str, float]] = {}
-    server = emulator(args.emulator_nice, server_cpus)
-    with server as endpoint, tempfile.TemporaryDirectory(prefix="bench-save-") as tmp:
-        import gcsfs
-
-        fs = gcsfs.GCSFileSystem(token="anon")
-        bucket = f"bench-{uuid.uuid4().hex[:10]}"
-        fs.mkdir(bucket)
-        model = build()
-        params = model.count_params()
-        print(f"fake-gcs-server at {endpoint}; model: {params / 1e6:.1f}M parameters, Adam; "
-              f"{args.epochs} epochs of {args.steps} batches of {args.batch_size}", flush=True)
-        del model
-        emulator_process = _emulator_process(endpoint)
-        configs: dict[str, Callable[[], Any]] = {
-            "1. no checkpointing": lambda: None,
-            "2. ModelCheckpoint .keras, local": lambda: keras.callbacks.ModelCheckpoint(
-                f"{tmp}/modelcheckpoint/last.keras", save_freq="epoch"),
-            "3. CheckpointCallback gs://, background": lambda: resumable.CheckpointCallback(
-                f"gs://{bucket}/async", staging_dir=f"{tmp}/stage-async"),
-            "4. CheckpointCallback gs://, async_upload=False": lambda: resumable.CheckpointCallback(
-                f"gs://{bucket}/sync", staging_dir=f"{tmp}/stage-sync", async_upload=False),
-        }
-        by_number = {label.split(".")[0]: label for label in configs}
-        for label in [by_number[n] for n in order]:  # in the order asked: shows effects of running later
-            results[label] = train(build, configs[label](), x, y, args, rss, emulator_process)
-            print(f"{label}: " + ", ".join(f"{k} {v:.2f}" for k, v in results[label].items()), flush=True)
-        checkpoint_size = Path(f"{tmp}/modelcheckpoint/last.keras").stat().st_size
-        source = "async" if "3" in wanted else "sync" if "4" in wanted else None
-        resume_times = time_resume(fs, f"gs://{bucket}/{source}", tmp, args.repeat) if source else {}
-    rss.stop()
-
-    report = render(results, resume_times, params, checkpoint_size, args)
+    args = parse(argv)
+    if args.backend == "both":
+        results = [run_child(args, backend) for backend in BACKENDS]
+    else:
+        results = [measure(args)]
+        if args.json:  # a child of --backend both: the parent reports
+            Path(args.json).write_text(json.dumps(results[0]))
+            return 0
+    report = render(results, args)
     print()
     print(report)
     if args.write_docs:
@@ -180,61 +159,373 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def train(build: Callable[[], Any], checkpoint: Any, x: Any, y: Any, args: argparse.Namespace,
-          rss: RSS, emulator_process: int | None) -> dict[str, float]:
-    import keras
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--backend", choices=[*BACKENDS, "both"], default="both",
+                        help="Keras backend; both: one process each, one report (default both)")
+    parser.add_argument("--params", type=float, default=25e6, help="model parameters (default 25e6)")
+    parser.add_argument("--epochs", type=int, default=3,
+                        help="epochs per configuration and round (default 3)")
+    parser.add_argument("--steps", type=int, default=8, help="batches per epoch (default 8)")
+    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--rounds", type=int, default=5, help="rounds over every configuration (default 5)")
+    parser.add_argument("--configs", default=",".join(CONFIGS),
+                        help=f"configurations to run (default all: {','.join(CONFIGS)})")
+    parser.add_argument("--tiny", action="store_true", help="a small model, one round: proves it works")
+    parser.add_argument("--emulator-nice", type=int, default=0, metavar="N",
+                        help="run the emulator at nice N: on one machine, its CPU competes with training, "
+                             "which a remote server's does not (default 0)")
+    parser.add_argument("--emulator-cpu", type=int, default=None, metavar="N",
+                        help="pin the emulator to CPU N and training to the others (default: not pinned)")
+    parser.add_argument("--write-docs", action="store_true", help=f"put the report into {DOCS.name}")
+    parser.add_argument("--json", help=argparse.SUPPRESS)  # where a child of --backend both puts its results
+    args = parser.parse_args(argv)
+    if args.tiny:
+        args.params, args.epochs, args.steps, args.rounds = 2e5, 3, 4, 1
+    if args.epochs < 3 or args.steps < 1 or args.rounds < 1:
+        parser.error("--epochs must be >= 3 (the first is left out), --steps and --rounds >= 1")
+    args.configs = [c.strip() for c in args.configs.split(",") if c.strip()]
+    if not set(args.configs) <= set(CONFIGS) or len(args.configs) != len(set(args.configs)):
+        parser.error(f"--configs: some of {','.join(CONFIGS)}, each once")
+    if args.emulator_cpu is not None:
+        cpus = os.sched_getaffinity(0)
+        if args.emulator_cpu not in cpus or len(cpus) < 2:
+            parser.error(f"--emulator-cpu: CPU {args.emulator_cpu} is not one of this process' "
+                         f"{sorted(cpus)}, or it is the only one")
+    return args
 
-    model = build()
-    begins: list[float] = []
-    cpu_here: list[float] = []
-    cpu_emulator: list[float] = []
 
-    def mark() -> None:
-        begins.append(time.perf_counter())
-        cpu_here.append(_cpu_seconds(None))
-        cpu_emulator.append(_cpu_seconds(emulator_process))
-    blocked: list[float] = []
-    peaks: list[int] = []
-    final_wait = [0.0]
+def run_child(args: argparse.Namespace, backend: str) -> dict[str, Any]:
+    """Measure one backend in a fresh process: KERAS_BACKEND counts only before Keras is imported."""
+    with tempfile.TemporaryDirectory(prefix="bench-save-") as tmp:
+        out = Path(tmp) / "results.json"
+        command = [sys.executable, __file__, "--backend", backend, "--json", str(out),
+                   "--params", str(args.params), "--epochs", str(args.epochs), "--steps", str(args.steps),
+                   "--batch-size", str(args.batch_size), "--rounds", str(args.rounds),
+                   "--configs", ",".join(args.configs), "--emulator-nice", str(args.emulator_nice)]
+        if args.emulator_cpu is not None:
+            command += ["--emulator-cpu", str(args.emulator_cpu)]
+        if subprocess.run(command).returncode != 0:
+            raise SystemExit(f"bench_save: the {backend} run failed")
+        return dict(json.loads(out.read_text()))
 
-    class EpochTimer(keras.callbacks.Callback):
-        def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
-            mark()
 
-        def on_train_end(self, logs: Any = None) -> None:
-            mark()
+# ----------------------------------------------------------------------------- one backend
 
-    callbacks: list[Any] = [EpochTimer()]
-    if checkpoint is not None:
-        epoch_end, train_end = checkpoint.on_epoch_end, checkpoint.on_train_end
 
-        def timed_epoch_end(epoch: int, logs: Any = None) -> None:
-            base = rss.window()
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    """Every round of every configuration on ``args.backend``, in this process."""
+    os.environ["KERAS_BACKEND"] = args.backend
+    server_cpus = None
+    if args.emulator_cpu is not None:
+        server_cpus = {args.emulator_cpu}
+        os.sched_setaffinity(0, os.sched_getaffinity(0) - server_cpus)  # before thread pools are sized
+    configs = list(args.configs)
+    skipped = None
+    orbax = importlib.util.find_spec("orbax") is not None and importlib.util.find_spec("orbax.checkpoint")
+    if not orbax and any(c in ORBAX for c in configs):
+        skipped = "orbax-checkpoint is not installed: OrbaxCheckpoint configurations skipped"
+        print(f"[{args.backend}] {skipped}", flush=True)
+        configs = [c for c in configs if c not in ORBAX]
+    rss = RSS()
+    with emulator(args.emulator_nice, server_cpus) as endpoint, \
+            tempfile.TemporaryDirectory(prefix="bench-save-") as tmp:
+        # Orbax reaches gs:// through etils and tensorstore, not gcsfs: point them at the emulator too.
+        os.environ.update(EPATH_USE_TF="false", TENSORSTORE_GCS_HTTP_URL=endpoint,
+                          GOOGLE_AUTH_TOKEN_FOR_TESTING="anon")
+        bench = Bench.start(args, tmp, rss, _emulator_process(endpoint))
+        print(f"[{args.backend}] fake-gcs-server at {endpoint}; model: {bench.params / 1e6:.1f}M parameters, "
+              f"Adam; {args.rounds} round(s) of {', '.join(configs)}", flush=True)
+        rounds = [bench.round(number, rotated(configs, number)) for number in range(args.rounds)]
+    rss.stop()
+    return {"backend": args.backend, "versions": versions(args.backend, orbax=bool(orbax)),
+            "params": bench.params, "configs": configs, "skipped": skipped, "rounds": rounds}
+
+
+def rotated(items: list[str], number: int) -> list[str]:
+    """Round ``number``'s order: each round starts one item later."""
+    shift = number % len(items) if items else 0
+    return items[shift:] + items[:shift]
+
+
+def versions(backend: str, orbax: bool) -> dict[str, str]:
+    """The installed versions of Keras, the backend and (when used) Orbax, by package name."""
+    found = {}
+    packages = [("keras", ["keras"]), (backend, [backend, f"{backend}-cpu"])]
+    for name, distributions in packages + ([("orbax-checkpoint", ["orbax-checkpoint"])] if orbax else []):
+        for distribution in distributions:  # TensorFlow's CPU build is tensorflow-cpu
+            try:
+                found[name] = version(distribution)
+                break
+            except PackageNotFoundError:
+                continue
+    return found
+
+
+@dataclass
+class Bench:
+    """What every round shares: the model, the data, the folders and the meters."""
+
+    args: argparse.Namespace
+    tmp: str
+    bucket: str
+    fs: Any  # gcsfs.GCSFileSystem
+    build: Callable[[], Any]
+    x: Any
+    y: Any
+    params: int
+    rss: RSS
+    emulator_pid: int | None
+
+    @classmethod
+    def start(cls, args: argparse.Namespace, tmp: str, rss: RSS, emulator_pid: int | None) -> Bench:
+        import gcsfs
+        import keras
+        import numpy as np
+
+        logging.getLogger("absl").setLevel(logging.ERROR)  # Orbax logs a warning per save
+        warnings.filterwarnings("ignore", message="Sharding info not provided")  # Orbax on JAX, per load
+        width = int(math.sqrt(args.params / 1.25))  # features = width / 4: params ~ 1.25 width^2
+        features = max(width // 4, 8)
+
+        def build() -> keras.Model:
+            keras.utils.set_random_seed(1)  # the same initial weights for every configuration
+            inputs = keras.Input((features,))
+            hidden = keras.layers.Dense(width, activation="relu")(inputs)
+            hidden = keras.layers.Dense(width, activation="relu")(hidden)
+            model = keras.Model(inputs, keras.layers.Dense(10)(hidden))
+            model.compile(optimizer="adam",
+                          loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+            return model
+
+        rng = np.random.default_rng(0)
+        samples = args.steps * args.batch_size
+        x = rng.normal(size=(samples, features)).astype("float32")
+        y = rng.integers(0, 10, size=(samples,))
+        fs = gcsfs.GCSFileSystem(token="anon")
+        bucket = f"bench-{uuid.uuid4().hex[:10]}"
+        fs.mkdir(bucket)
+        return cls(args, tmp, bucket, fs, build, x, y, build().count_params(), rss, emulator_pid)
+
+    # -- folders and callbacks
+
+    def folder(self, config: str, number: int) -> str:
+        if config.endswith("-gcs"):
+            return f"gs://{self.bucket}/round{number}/{config}"
+        return f"{self.tmp}/round{number}/{config}"
+
+    def checkpoint(self, config: str, number: int) -> Any:
+        """A new callback for ``config`` (None: no checkpoints)."""
+        import keras
+
+        import resumable
+
+        folder = self.folder(config, number)
+        if config == "keras":
+            return keras.callbacks.ModelCheckpoint(f"{folder}/last.keras", save_freq="epoch")
+        if config in ORBAX:
+            return keras.callbacks.OrbaxCheckpoint(folder, save_freq="epoch", max_to_keep=KEEP)
+        if config.startswith("resumable"):
+            return resumable.CheckpointCallback(folder, monitor="loss", keep_last=KEEP,
+                                                staging_dir=f"{self.tmp}/round{number}/stage-{config}")
+        return None
+
+    def size_mb(self, config: str, number: int) -> float | None:
+        """The newest checkpoint's bytes, in MB (None: no checkpoints)."""
+        import resumable
+
+        folder = self.folder(config, number)
+        if config == "keras":
+            return os.path.getsize(f"{folder}/last.keras") / 2**20
+        if config.startswith("resumable"):
+            latest = resumable.RunStorage(folder).latest()
+            assert latest is not None, folder
+            return latest.size / 2**20
+        if config == "orbax":
+            step = max(p for p in Path(folder).iterdir() if p.name.isdigit())
+            return sum(f.stat().st_size for f in step.rglob("*") if f.is_file()) / 2**20
+        if config == "orbax-gcs":
+            self.fs.invalidate_cache()  # Orbax wrote through a client of its own
+            steps = [p for p in self.fs.ls(folder.removeprefix("gs://")) if p.rsplit("/", 1)[-1].isdigit()]
+            return self.fs.du(max(steps, key=lambda p: int(p.rsplit("/", 1)[-1]))) / 2**20
+        return None
+
+    # -- one round
+
+    def round(self, number: int, order: list[str]) -> dict[str, Any]:
+        """Train every configuration of ``order``, time the resumes, free the round's checkpoints."""
+        tag = f"[{self.args.backend}] round {number + 1}/{self.args.rounds}"
+        train: dict[str, dict[str, float | None]] = {}
+        for config in order:
+            train[config] = self.train(config, number)
+            print(f"{tag}, {CONFIGS[config]}: " + ", ".join(
+                f"{k} {v:.3f}" for k, v in train[config].items() if v is not None), flush=True)
+        measures = self.resumes(number, set(order))
+        resume = {}
+        for what in rotated(list(measures), number):
+            gc.collect()  # not inside the timing
             started = time.perf_counter()
-            epoch_end(epoch, logs)
-            blocked.append(time.perf_counter() - started)
-            peaks.append(rss.peak - base)
+            measures[what]()
+            resume[what] = time.perf_counter() - started
+        if resume:
+            print(f"{tag}, resume: " + ", ".join(f"{k} {v:.2f} s" for k, v in resume.items()), flush=True)
+        shutil.rmtree(f"{self.tmp}/round{number}", ignore_errors=True)
+        if self.fs.exists(f"{self.bucket}/round{number}"):
+            self.fs.rm(f"{self.bucket}/round{number}", recursive=True)  # the emulator keeps it in memory
+        return {"order": order, "train": train, "resume": resume}
+
+    def train(self, config: str, number: int) -> dict[str, float | None]:
+        import keras
+
+        keras.backend.clear_session()
+        gc.collect()
+        model = self.build()
+        checkpoint = self.checkpoint(config, number)
+        meter = Meter(self.rss, self.emulator_pid)
+        callbacks = [meter.callback()]  # first: its epoch marks come before the checkpoint's hooks
+        if checkpoint is not None:
+            callbacks.append(meter.timed(checkpoint))
+        model.fit(self.x, self.y, batch_size=self.args.batch_size, epochs=self.args.epochs, shuffle=False,
+                  verbose=0, callbacks=callbacks)
+        meter.close_window()  # after on_train_end: the last save's background write is in it
+        result = meter.result(saved=checkpoint is not None)
+        result["size_mb"] = self.size_mb(config, number)
+        return result
+
+    def resumes(self, number: int, ran: set[str]) -> dict[str, Callable[[], None]]:
+        """The resume measures whose checkpoints this round made, each a function of no arguments."""
+        import keras
+
+        import resumable
+
+        epochs = self.args.epochs
+
+        def resume(config: str, build: bool, key: str) -> Callable[[], None]:
+            def call() -> None:  # a fresh staging folder: a cold cache
+                run = resumable.resume(self.folder(config, number), build_model=self.build if build else None,
+                                       monitor="loss", staging_dir=f"{self.tmp}/round{number}/cache-{key}")
+                assert run.initial_epoch == epochs, run
+            return call
+
+        def newest_model_file(config: str) -> str:
+            latest = resumable.RunStorage(self.folder(config, number)).latest()
+            assert latest is not None
+            return f"{self.folder(config, number)}/{latest.name}/model.keras"
+
+        def gcsfs_get_and_load(remote: str) -> Callable[[], None]:
+            def call() -> None:
+                local = f"{self.tmp}/round{number}/bare.keras"
+                self.fs.get_file(remote, local)
+                keras.saving.load_model(local)
+                os.unlink(local)
+            return call
+
+        measures: dict[str, Callable[[], None]] = {}
+        if "resumable" in ran:
+            local_file = newest_model_file("resumable")
+            measures["load_model"] = lambda: keras.saving.load_model(local_file)
+            measures["resume+build"] = resume("resumable", True, "local-build")
+            measures["resume"] = resume("resumable", False, "local")
+        if "resumable-gcs" in ran:
+            measures["gcsfs+load"] = gcsfs_get_and_load(newest_model_file("resumable-gcs"))
+            measures["resume-gcs+build"] = resume("resumable-gcs", True, "gcs-build")
+            measures["resume-gcs"] = resume("resumable-gcs", False, "gcs")
+        if "orbax" in ran:
+            orbax_folder = self.folder("orbax", number)
+            measures["orbax-load"] = lambda: keras.saving.load_model(orbax_folder)  # its newest step
+        return measures
+
+
+class Meter:
+    """Epoch marks, time inside a checkpoint callback's hooks, and RSS windows of one fit."""
+
+    def __init__(self, rss: RSS, emulator_pid: int | None) -> None:
+        self.rss, self.emulator_pid = rss, emulator_pid
+        self.begins: list[float] = []
+        self.cpu_here: list[float] = []
+        self.cpu_emulator: list[float] = []
+        self.blocked: list[float] = []  # per epoch: seconds inside the checkpoint callback's hooks
+        self.peaks: list[int] = []  # per save: peak RSS over the baseline, until the next save
+        self.wait = 0.0  # on_train_end: the last background save
+        self._base: int | None = None
+
+    def mark(self) -> None:
+        self.begins.append(time.perf_counter())
+        self.cpu_here.append(_cpu_seconds(None))
+        if self.emulator_pid is not None:  # not ours to see when STORAGE_EMULATOR_HOST was given
+            self.cpu_emulator.append(_cpu_seconds(self.emulator_pid))
+
+    def open_window(self) -> None:
+        """At an epoch end, before any save: the previous save's window ends, this one's begins."""
+        self.close_window()
+        self._base = self.rss.window()
+
+    def close_window(self) -> None:
+        if self._base is not None:
+            self.peaks.append(self.rss.peak - self._base)
+            self._base = None
+
+    def callback(self) -> Any:
+        """The callback that marks epochs and opens RSS windows (no batch hook: Keras may then
+        dispatch batches asynchronously, as it would for training without checkpoints)."""
+        import keras
+
+        meter = self
+
+        class Marks(keras.callbacks.Callback):
+            def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+                meter.mark()
+                meter.blocked.append(0.0)
+
+            def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+                meter.open_window()
+
+            def on_train_end(self, logs: Any = None) -> None:
+                meter.mark()
+
+        return Marks()
+
+    def timed(self, checkpoint: Any) -> Any:
+        """``checkpoint`` with the hooks its class defines timed (the hooks it leaves to Keras'
+        no-op defaults stay untouched: wrapping a batch hook would change Keras' dispatch)."""
+        import keras
+
+        def add_to_epoch(hook: Callable[..., Any]) -> Callable[..., Any]:
+            def timed_hook(*args: Any, **kwargs: Any) -> Any:
+                started = time.perf_counter()
+                try:
+                    return hook(*args, **kwargs)
+                finally:
+                    self.blocked[-1] += time.perf_counter() - started
+            return timed_hook
+
+        for name in ("on_epoch_begin", "on_train_batch_begin", "on_train_batch_end", "on_epoch_end"):
+            if getattr(type(checkpoint), name) is not getattr(keras.callbacks.Callback, name):
+                setattr(checkpoint, name, add_to_epoch(getattr(checkpoint, name)))
+        train_end = checkpoint.on_train_end
 
         def timed_train_end(logs: Any = None) -> None:
             started = time.perf_counter()
             train_end(logs)
-            final_wait[0] = time.perf_counter() - started
+            self.wait = time.perf_counter() - started
 
-        checkpoint.on_epoch_end, checkpoint.on_train_end = timed_epoch_end, timed_train_end
-        callbacks.append(checkpoint)
-    model.fit(x, y, batch_size=args.batch_size, epochs=args.epochs, shuffle=False, verbose=0,
-              callbacks=callbacks)
-    # the first epoch traces the graph: left out
-    def per_epoch(marks: list[float]) -> float:
-        return statistics.median([b - a for a, b in zip(marks[:-1], marks[1:], strict=True)][1:])
+        checkpoint.on_train_end = timed_train_end
+        return checkpoint
 
-    result = {"epoch_s": per_epoch(begins), "cpu_here_s": per_epoch(cpu_here),
-              "cpu_emulator_s": per_epoch(cpu_emulator) if emulator_process else math.nan}
-    if checkpoint is not None:
-        result["blocked_s"] = statistics.median(blocked[1:])
-        result["final_wait_s"] = final_wait[0]
-        result["peak_rss_mb"] = max(peaks[1:]) / 2**20
-    return result
+    def result(self, saved: bool) -> dict[str, float | None]:
+        def per_epoch(marks: list[float]) -> float | None:  # the first epoch traces the graph: left out
+            if not marks:
+                return None
+            return statistics.median([b - a for a, b in zip(marks[:-1], marks[1:], strict=True)][1:])
+
+        return {
+            "epoch_s": per_epoch(self.begins),
+            "blocked_s": statistics.median(self.blocked[1:]) if saved else None,
+            "wait_s": self.wait if saved else None,
+            "peak_rss_mb": max(self.peaks) / 2**20,
+            "cpu_here_s": per_epoch(self.cpu_here),
+            "cpu_emulator_s": per_epoch(self.cpu_emulator),
+        }
 
 
 def _emulator_process(endpoint: str) -> int | None:
@@ -263,86 +554,160 @@ def _cpu_seconds(pid: int | None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
 
 
-def time_resume(fs: Any, url: str, tmp: str, repeat: int) -> dict[str, float]:
-    """Interleaved: resume() with a cold cache, and gcsfs get_file + load_model of the same file."""
-    import keras
-
-    import resumable
-
-    latest = resumable.RunStorage(url).latest()
-    assert latest is not None
-    remote = f"{url}/{latest.name}/model.keras"
-    times: dict[str, list[float]] = {"resume": [], "bare": []}
-    for i in range(repeat):
-        started = time.perf_counter()
-        run = resumable.resume(url, staging_dir=f"{tmp}/resume-{i}")
-        times["resume"].append(time.perf_counter() - started)
-        assert run.initial_epoch == latest.epoch
-        del run
-        local = f"{tmp}/bare-{i}.keras"
-        started = time.perf_counter()
-        fs.get_file(remote, local)
-        keras.models.load_model(local)
-        times["bare"].append(time.perf_counter() - started)
-        os.unlink(local)
-    return {k: statistics.median(v) for k, v in times.items()}
+# ----------------------------------------------------------------------------- report
 
 
-def render(results: dict[str, dict[str, float]], resume: dict[str, float], params: int,
-           checkpoint_size: int, args: argparse.Namespace) -> str:
-    by_number = {label.split(".")[0]: r for label, r in results.items()}
-    base = by_number["2"]  # ModelCheckpoint
-    rows = []
-    for label, r in sorted(results.items()):
-        saved = "blocked_s" in r
-        rows.append([
-            label, f"{r['epoch_s']:.2f} s", f"{r['epoch_s'] / base['epoch_s']:.2f}x",
-            f"{r['blocked_s']:.2f} s" if saved else "-",
-            f"{r['blocked_s'] / base['blocked_s']:.2f}x" if saved else "-",
-            f"{r['final_wait_s']:.2f} s" if saved else "-",
-            f"{r['peak_rss_mb']:.0f} MB" if saved else "-",
-            f"{r['cpu_here_s']:.2f} s",
-            "-" if math.isnan(r["cpu_emulator_s"]) else f"{r['cpu_emulator_s']:.2f} s",  # not ours to see
-        ])
-    table = format_table(
-        ["configuration", "epoch (median)", "vs 2", "blocked per save", "vs 2", "wait at end",
-         "peak RSS over baseline", "CPU/epoch, this process", "CPU/epoch, emulator"],
-        rows, right={1, 2, 3, 4, 5, 6, 7, 8})
+def spread(values: list[float], fmt: Callable[[float], str]) -> str:
+    """``median [min-max]`` of ``values`` (just the value when there is one; ``-`` for none)."""
+    if not values:
+        return "-"
+    middle = fmt(statistics.median(values))
+    return middle if len(values) == 1 else f"{middle} [{fmt(min(values))}-{fmt(max(values))}]"
 
-    def verdict(ok: bool) -> str:
-        return "met" if ok else "not met"
 
-    emulator = "fake-gcs-server (memory backend) on loopback" + (
-        f", run at nice {args.emulator_nice}" if args.emulator_nice else "") + (
-        f", pinned to CPU {args.emulator_cpu} (training and uploads on the others)"
-        if args.emulator_cpu is not None else "")
+def seconds(v: float) -> str:
+    return f"{v:.3f}" if v < 0.1 else f"{v:.2f}"
+
+
+def times(v: float) -> str:
+    return f"{v:.3f}x" if v < 0.1 else f"{v:.2f}x"
+
+
+def megabytes(v: float) -> str:
+    return f"{v:.0f}" if v >= 10 else f"{v:.1f}"
+
+
+def values(result: dict[str, Any], config: str, metric: str) -> list[float]:
+    """``metric`` of ``config`` in every round that has it."""
+    found = [r["train"].get(config, {}).get(metric) for r in result["rounds"]]
+    return [v for v in found if v is not None]
+
+
+def ratios(result: dict[str, Any], config: str, metric: str, base: str, base_metric: str | None = None
+           ) -> list[float]:
+    """Per round, ``config``'s ``metric`` over ``base``'s (``base_metric``, by default the same)."""
+    out = []
+    for r in result["rounds"]:
+        a = r["train"].get(config, {}).get(metric)
+        b = r["train"].get(base, {}).get(base_metric or metric)
+        if a is not None and b:
+            out.append(a / b)
+    return out
+
+
+def resume_ratios(result: dict[str, Any], what: str, base: str) -> list[float]:
+    return [r["resume"][what] / r["resume"][base] for r in result["rounds"]
+            if what in r["resume"] and r["resume"].get(base)]
+
+
+def render(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
+    first = results[0]
+    found = {k: val for result in results for k, val in result["versions"].items()}
+    v = {k: found[k] for k in ("keras", *BACKENDS, "orbax-checkpoint") if k in found}
+    emulator = "fake-gcs-server (memory backend) on loopback"
+    if args.emulator_nice:
+        emulator += f", at nice {args.emulator_nice}"
+    if args.emulator_cpu is not None:
+        emulator += f", pinned to CPU {args.emulator_cpu} (training on the others)"
     lines = [
-        f"Run {date.today().isoformat()} on {platform.machine()}, {os.cpu_count()} cores, "
-        f"Python {platform.python_version()}, {emulator}; "
-        f"{params / 1e6:.1f}M parameters with Adam, checkpoint {human_size(checkpoint_size)}; "
-        f"{args.epochs} epochs of {args.steps} batches of {args.batch_size}; medians over epochs 2 to "
-        f"{args.epochs}.",
-        "",
-        "```",
-        *table,
-        "```",
-        "",
+        f"Run {date.today().isoformat()} on {platform.machine()}, {os.cpu_count()} cores, Python "
+        f"{platform.python_version()}, " + ", ".join(f"{k} {val}" for k, val in v.items()) + f"; {emulator}. "
+        f"Backends: {', '.join(BACKEND_NAMES[r['backend']] for r in results)}. A functional MLP of "
+        f"{first['params'] / 1e6:.1f}M parameters with Adam; {args.epochs} epochs of {args.steps} batches "
+        f"of {args.batch_size} per configuration and round; {args.rounds} round(s), configurations in a "
+        f"rotated order. Cells: median [min-max] over rounds; ratios taken within each round. Epoch: "
+        f"median over epochs 2 to {args.epochs}; blocked: median over saves 2 to {args.epochs}.",
     ]
-    for number, kind in (("3", "background uploads"), ("4", "async_upload=False")):
-        if number in by_number:
-            r = by_number[number]
-            blocked, epoch = r["blocked_s"] / base["blocked_s"], r["epoch_s"] / base["epoch_s"]
-            goals = (f" (targets <= {BLOCKED_TARGET}x: {verdict(blocked <= BLOCKED_TARGET)}, "
-                     f"<= {EPOCH_TARGET:.2f}x: {verdict(epoch <= EPOCH_TARGET)})") if number == "3" else ""
-            lines.append(f"- {kind}, {number}/2: blocked per save {blocked:.2f}x, "
-                         f"epoch time {epoch:.2f}x{goals}")
-    if resume:
-        ratio = resume["resume"] / resume["bare"]
-        lines.append(
-            f"- resume: `resume()` {resume['resume']:.2f} s, gcsfs `get_file` + `load_model` "
-            f"{resume['bare']:.2f} s: {ratio:.2f}x (target <= {RESUME_TARGET}x: "
-            f"{verdict(ratio <= RESUME_TARGET)}); median of {args.repeat}")
+    for result in results:
+        lines += ["", f"**{BACKEND_NAMES[result['backend']]}**", ""]
+        if result["skipped"]:
+            lines += [f"({result['skipped']}.)", ""]
+        lines += ["```", *training_table(result), "", *ratio_table(result)]
+        if any(r["resume"] for r in result["rounds"]):
+            lines += ["", *resume_table(result)]
+        lines += ["```", "", *target_lines(result)]
     return "\n".join(lines)
+
+
+def training_table(result: dict[str, Any]) -> list[str]:
+    rows = []
+    for config in (c for c in CONFIGS if c in result["configs"]):
+        def cell(metric: str, fmt: Callable[[float], str], config: str = config) -> str:
+            return spread(values(result, config, metric), fmt)
+        rows.append([CONFIGS[config], cell("epoch_s", seconds), cell("blocked_s", seconds),
+                     cell("wait_s", seconds), cell("peak_rss_mb", megabytes), cell("size_mb", megabytes),
+                     cell("cpu_here_s", seconds), cell("cpu_emulator_s", seconds)])
+    return format_table(["configuration", "epoch (s)", "blocked per save (s)", "wait at end (s)",
+                         "peak RSS over baseline (MB)", "checkpoint (MB)", "CPU/epoch here (s)",
+                         "CPU/epoch emulator (s)"], rows, right=set(range(1, 8)))
+
+
+def ratio_table(result: dict[str, Any]) -> list[str]:
+    rows = []
+    for config in (c for c in CONFIGS if c in result["configs"]):
+        def cell(metric: str, base: str, base_metric: str | None = None, config: str = config) -> str:
+            return spread(ratios(result, config, metric, base, base_metric), times)
+        rows.append([CONFIGS[config], cell("epoch_s", "none"), cell("epoch_s", "keras"),
+                     cell("epoch_s", "orbax"), cell("blocked_s", "keras"), cell("blocked_s", "orbax"),
+                     cell("peak_rss_mb", "keras"), cell("peak_rss_mb", "orbax"),
+                     cell("peak_rss_mb", config, "size_mb")])
+    return format_table(["ratios", "epoch / none", "epoch / MC", "epoch / Orbax", "blocked / MC",
+                         "blocked / Orbax", "peak RSS / MC", "peak RSS / Orbax", "peak RSS / checkpoint"],
+                        rows, right=set(range(1, 9)))
+
+
+def resume_table(result: dict[str, Any]) -> list[str]:
+    rows = []
+    ran = {what for r in result["rounds"] for what in r["resume"]}
+    for what in (w for w in RESUMES if w in ran):
+        rows.append([RESUMES[what], spread([r["resume"][what] for r in result["rounds"]], seconds),
+                     *(spread(resume_ratios(result, what, base), times)
+                       for base in ("load_model", "gcsfs+load", "orbax-load"))])
+    return format_table(["load", "time (s)", "/ load_model, local", "/ gcsfs get + load", "/ Orbax load"],
+                        rows, right={1, 2, 3, 4})
+
+
+def target_lines(result: dict[str, Any]) -> list[str]:
+    """Issue #24's targets, each met or not by the median over rounds."""
+    def verdict(found: list[float], target: float) -> str:
+        return "met" if statistics.median(found) <= target else "not met"
+
+    lines = []
+    for config, where in (("resumable", "local folder"), ("resumable-gcs", "gs://")):
+        found = ratios(result, config, "blocked_s", "keras")
+        if found:
+            lines.append(f"- blocked per save, resumable to a {where} / ModelCheckpoint: "
+                         f"{spread(found, times)} (target <= {BLOCKED_TARGET}x: "
+                         f"{verdict(found, BLOCKED_TARGET)})")
+    alone = values(result, "none", "peak_rss_mb")
+    for config in ("resumable", "resumable-gcs"):
+        peak, size = values(result, config, "peak_rss_mb"), values(result, config, "size_mb")
+        if peak and size:
+            limit = RSS_TARGET * statistics.median(size) + RSS_CONSTANT_MB
+            lines.append(f"- peak RSS over baseline, {CONFIGS[config]}: {spread(peak, megabytes)} MB for a "
+                         f"{megabytes(statistics.median(size))} MB checkpoint (target <= {RSS_TARGET}x + "
+                         f"{RSS_CONSTANT_MB} MB = {limit:.0f} MB: "
+                         f"{'met' if statistics.median(peak) <= limit else 'not met'}"
+                         + (f"; training alone: {spread(alone, megabytes)} MB" if alone else "") + ")")
+    found = ratios(result, "resumable", "epoch_s", "none")
+    if found:
+        lines.append(f"- epoch time, resumable to a local folder / no checkpoints: {spread(found, times)} "
+                     f"(target <= {EPOCH_TARGET}x: {verdict(found, EPOCH_TARGET)})")
+    found = ratios(result, "resumable-gcs", "epoch_s", "none")
+    if found:
+        cpu = values(result, "resumable-gcs", "cpu_emulator_s")
+        lines.append(f"- epoch time, resumable to gs:// / no checkpoints: {spread(found, times)} (no target: "
+                     f"the emulator shares this machine; its own CPU "
+                     f"{spread(cpu, seconds) + ' s' if cpu else 'not seen'} per epoch)")
+    for what, base, target in (("resume+build", "load_model", RESUME_LOCAL_TARGET),
+                               ("resume", "load_model", RESUME_LOCAL_TARGET),
+                               ("resume-gcs+build", "gcsfs+load", RESUME_GCS_TARGET),
+                               ("resume-gcs", "gcsfs+load", RESUME_GCS_TARGET)):
+        found = resume_ratios(result, what, base)
+        if found:
+            lines.append(f"- {RESUMES[what]} / {RESUMES[base]}: {spread(found, times)} "
+                         f"(target <= {target}x: {verdict(found, target)})")
+    return lines
 
 
 def write_docs(report: str) -> None:

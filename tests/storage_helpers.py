@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 from typing import Any
@@ -63,3 +64,28 @@ def names(infos: Any) -> list[str]:
 
 def summary(infos: Any) -> list[tuple[Any, ...]]:
     return [(i.name, i.status, i.epoch, i.step, i.size, i.metrics, i.created) for i in infos]
+
+
+def bad_service_account(tmp_path: Path, token_uri: str) -> Path:
+    """A service-account key file whose token endpoint is ``token_uri``."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048).private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    path = tmp_path / "service-account.json"
+    path.write_text(
+        json.dumps(
+            {
+                "type": "service_account",
+                "project_id": "p",
+                "private_key_id": "k",
+                "private_key": key.decode(),
+                "client_email": "nobody@p.iam.gserviceaccount.com",
+                "client_id": "1",
+                "token_uri": token_uri,
+            }
+        )
+    )
+    return path

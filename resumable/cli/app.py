@@ -28,6 +28,7 @@ from resumable.cli.inspection import run_inspect
 from resumable.cli.listing import run_list
 from resumable.cli.prune import run_prune
 from resumable.cli.verify import run_verify
+from resumable.core.display import printable
 from resumable.core.errors import ResumableError
 
 __all__ = [
@@ -83,7 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _error(message: str) -> None:
     # One line, always: a multi-line message from a library would read as several errors.
-    print(f"error: {' '.join(message.split())}", file=sys.stderr)
+    print(f"error: {printable(' '.join(message.split()))}", file=sys.stderr)
 
 
 # ------------------------------------------------------------------ the commands, from parsed arguments

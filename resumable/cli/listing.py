@@ -9,7 +9,7 @@ from typing import Any
 
 from resumable.cli.common import EXIT_OK, Ranking, choose_ranking, latest_good, load_run, metric_names
 from resumable.cli.output import info_json, json_float, out, out_json, out_lines, plural, problem_lines
-from resumable.core.display import format_columns, human_size, utc_times
+from resumable.core.display import format_columns, human_size, printable, utc_times
 from resumable.storage import CheckpointInfo, Status
 
 
@@ -51,10 +51,10 @@ def run_list(
     epochs = [i.epoch for i in infos]
     steps = [i.step for i in infos]
     logged = [i.metrics for i in infos]
-    columns = [["NAME", *[i.name for i in infos]],
+    columns = [["NAME", *map(printable, [i.name for i in infos])],  # names and metrics come from the run
                ["EPOCH", *["-" if e is None else str(e) for e in epochs]],
                ["STEP", *["-" if s is None else str(s) for s in steps]]]
-    columns += [[name, *_metric_cells(logged, name)] for name in metrics]
+    columns += [[printable(name), *_metric_cells(logged, name)] for name in metrics]
     sizes = [i.size for i in infos]
     shown = {size: human_size(size) for size in set(sizes)}  # checkpoints of one model: few sizes
     columns += [["SIZE", *[shown[size] for size in sizes]],

@@ -8,6 +8,7 @@ import sys
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
+from resumable.core.display import printable
 from resumable.storage import CheckpointInfo
 
 PROGRESS_MIN_ITEMS = 5  # fewer than this finish before a bar is worth drawing
@@ -16,13 +17,14 @@ T = TypeVar("T")
 
 
 def out(line: str) -> None:
-    print(line, file=sys.stdout)
+    """One line on stdout, `printable`: lines quote names read from the run folder."""
+    print(printable(line), file=sys.stdout)
 
 
 def out_lines(lines: Iterable[str]) -> None:
-    lines = list(lines)
+    lines = [printable(line) for line in lines]  # each a line: a newline in a name is escaped
     if lines:
-        out("\n".join(lines))  # one write: a listing may be thousands of lines
+        print("\n".join(lines), file=sys.stdout)  # one write: a listing may be thousands of lines
 
 
 def out_section(title: str, lines: Sequence[str]) -> None:
@@ -32,7 +34,8 @@ def out_section(title: str, lines: Sequence[str]) -> None:
 
 
 def out_json(data: Any) -> None:
-    out(json.dumps(data, indent=2, allow_nan=False))
+    # ensure_ascii (the default) escapes every control character, C1 and DEL included
+    print(json.dumps(data, indent=2, allow_nan=False), file=sys.stdout)
 
 
 def progress(items: Iterable[T], total: int, what: str, unit: str) -> Iterator[T]:

@@ -8,7 +8,7 @@ from collections.abc import Iterator, Sequence
 
 from resumable.cli.common import EXIT_OK, Ranking, UsageError, choose_ranking, load_run, metric_names
 from resumable.cli.output import metric_text, out, out_json, out_lines, plural, progress
-from resumable.core.display import format_table, human_size
+from resumable.core.display import format_table, human_size, printable
 from resumable.core.errors import LeaseHeldError
 from resumable.core.policy import Decision, Retention
 from resumable.manager.run_manager import RunManager
@@ -100,7 +100,7 @@ def _writer_lease(manager: RunManager, force: bool) -> Iterator[None]:
         with manager.writing(force=force) as other_writer:
             if not manager.lease.held:
                 who = other_writer.describe() if other_writer else "another process"
-                print(f"warning: deleting while {who} writes this run", file=sys.stderr)
+                print(printable(f"warning: deleting while {who} writes this run"), file=sys.stderr)
             yield
     except LeaseHeldError:
         holder = read_lease(manager.storage)
@@ -136,7 +136,7 @@ def _confirmed(yes: bool, question: str) -> bool:
     if not sys.stdin.isatty():
         raise UsageError("refusing to delete without confirmation: not a terminal; "
                          "pass --yes to delete, or --dry-run to preview")
-    sys.stderr.write(f"{question} [y/N] ")
+    sys.stderr.write(f"{printable(question)} [y/N] ")
     sys.stderr.flush()
     return sys.stdin.readline().strip().lower() in ("y", "yes")
 

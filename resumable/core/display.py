@@ -6,17 +6,37 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime, timezone
 
 
+def printable(text: str) -> str:
+    """``text`` safe for a terminal: control characters (C0, C1, DEL, so ANSI escapes and
+    newlines too) and other unprintable ones escaped as Python writes them (``\\x1b``).
+
+    For every string read from a run folder (checkpoint, file and metric names, versions,
+    notes, problems): a name holding ``\\x1b[2J`` must not clear the screen of whoever lists it,
+    nor one holding a newline print a line of its own.
+
+    Example:
+        >>> printable("ckpt\\x1b[31m-1\\n")
+        'ckpt\\\\x1b[31m-1\\\\n'
+    """
+    if text.isprintable():  # the usual case, at C speed: `list` shows thousands of names
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def format_table(
     headers: Sequence[str], rows: Iterable[Sequence[str]], right: Iterable[int] = (), header: bool = True
 ) -> list[str]:
     """Align columns with two spaces between them; columns in ``right`` are right-aligned.
 
+    Cells are `printable` first, so that a name read from a run folder neither moves the
+    terminal's cursor nor breaks the alignment.
+
     Example:
         >>> format_table(["NAME", "SIZE"], [["a", "1 KB"], ["bcd", "12.5 MB"]], right={1})
         ['NAME     SIZE', 'a        1 KB', 'bcd   12.5 MB']
     """
-    table = [list(headers)] if header else []
-    table += [list(row) for row in rows]
+    table = [[printable(cell) for cell in headers]] if header else []
+    table += [[printable(cell) for cell in row] for row in rows]
     if not table:
         return []
     right_aligned = set(right)

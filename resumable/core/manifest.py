@@ -8,15 +8,26 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, NamedTuple
 
+from resumable.core import safe_json
 from resumable.core.errors import CorruptCheckpointError, UnsupportedFormatError
 
 MANIFEST_NAME = "manifest.json"
+MANIFEST_LIMIT = safe_json.MANIFEST_LIMIT  # bytes: larger is refused unread
 FORMAT_NAME = "resumable.checkpoint"
 FORMAT_VERSION = 1
+# What resumable's Keras side has always saved (keras_io.MODEL_FILE, WEIGHTS_FILE): a manifest
+# with a "keras" version and no `payload` must list one of them.
+KERAS_PAYLOADS = ("model.keras", "model.weights.h5")
+MAX_COUNT = 2**63 - 1  # epochs, steps and sizes fit an int64, as GCS and NumPy hold them
+UNUSABLE = "the checkpoint is unusable, delete it with `resumable prune` or by hand"
+_CRC32C = re.compile("[0-9a-f]{8}")
+_KINDS: dict[type, str] = {str: "a string", dict: "an object"}
+_MISSING = object()
 
 
 class FileEntry(NamedTuple):  # a tuple, not a dataclass: `list` makes one per file of every checkpoint
@@ -43,6 +54,8 @@ class Manifest:
             ``tf.distribute`` cluster); None in manifests written before it was recorded.
         devices: Devices the model was trained on (the distribution's mesh, the strategy's
             replicas); None when unknown. The files hold whole arrays, so any count can restore.
+        payload: The file a loader opens (the Keras side's ``model.keras`` or
+            ``model.weights.h5``); None when the writer did not say (writers other than Keras).
     """
 
     epoch: int
@@ -55,6 +68,7 @@ class Manifest:
     state: dict[str, Any] = field(default_factory=dict)
     processes: int | None = None
     devices: int | None = None
+    payload: str | None = None
     format_version: int = FORMAT_VERSION
 
     @property
@@ -86,7 +100,7 @@ class Manifest:
             "state": self.state,
         }
         # Optional fields, added within format 1: absent when unknown, ignored by older readers.
-        for key in ("processes", "devices"):
+        for key in ("processes", "devices", "payload"):
             if getattr(self, key) is not None:
                 data[key] = getattr(self, key)
         return data
@@ -96,57 +110,72 @@ class Manifest:
 
     @classmethod
     def from_json(cls, data: bytes, where: str) -> Manifest:
-        """Parse a manifest; ``where`` names it in errors. Raises CorruptCheckpointError."""
+        """Parse a manifest; ``where`` names it in errors. Raises CorruptCheckpointError.
+
+        ``data`` over `MANIFEST_LIMIT` bytes is refused unread: callers read at most one byte more.
+        """
         try:
-            raw = json.loads(data)
-        except (ValueError, UnicodeDecodeError) as e:
-            raise CorruptCheckpointError(
-                f"{where}: manifest is not valid JSON ({e}); the checkpoint is unusable, "
-                "delete it with `resumable prune` or by hand"
-            ) from e
+            raw = safe_json.loads(data, MANIFEST_LIMIT)
+        except safe_json.RefusedJSON as e:
+            raise CorruptCheckpointError(f"{where}: manifest {e}; {UNUSABLE}") from None
         return cls.from_dict(raw, where)
 
     @classmethod
     def from_dict(cls, raw: Any, where: str) -> Manifest:
-        """Check and convert parsed manifest JSON; ``where`` names it in errors."""
+        """Check and convert parsed manifest JSON; ``where`` names it in errors.
+
+        Every field must have its documented type and range (docs/format.md), and the files
+        must name something to restore (`check_usable`): a hand-edited or hostile manifest is
+        corrupt, never half-read.
+        """
         if not isinstance(raw, dict) or raw.get("format") != FORMAT_NAME:
             raise CorruptCheckpointError(f"{where}: not a resumable manifest")
         version = raw.get("format_version")
-        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-            raise CorruptCheckpointError(f"{where}: manifest has no valid format_version (got {version!r})")
+        if type(version) is not int or version < 1:
+            raise CorruptCheckpointError(
+                f"{where}: manifest has no valid format_version (got {_shown(version)})")
         if version > FORMAT_VERSION:
             raise UnsupportedFormatError(
                 f"{where}: manifest format {version} is newer than this resumable supports "
                 f"({FORMAT_VERSION}); upgrade with `pip install -U keras-resumable`"
             )
         try:
-            files = {
-                str(name): FileEntry(size=int(e["size"]), crc32c=str(e["crc32c"]))
-                for name, e in raw["files"].items()
-            }
-            unsafe = [name for name in files if not is_safe_relative(name)]
-            if unsafe:  # a hand-edited or hostile manifest must not make fetch write elsewhere
-                raise ValueError(f"file name {unsafe[0]!r} is not a plain relative path")
-            return cls(
-                epoch=int(raw["epoch"]),
-                step=int(raw.get("step", 0)),
-                batch=int(raw.get("batch", 0)),
-                files=files,
-                metrics={
-                    str(k): math.nan if v is None else float(v)
-                    for k, v in raw.get("metrics", {}).items()
-                },
-                created=str(raw.get("created", "")),
-                versions={str(k): str(v) for k, v in raw.get("versions", {}).items()},
-                state=dict(raw.get("state", {})),
+            manifest = cls(
+                epoch=_count(raw, "epoch", required=True),
+                step=_count(raw, "step"),
+                batch=_count(raw, "batch"),
+                files=_files(raw.get("files", _MISSING)),
+                metrics=_metrics(raw.get("metrics", {})),
+                created=_typed(raw, "created", str, ""),
+                versions=_strings(raw.get("versions", {})),
+                state=_typed(raw, "state", dict, {}),
                 processes=_optional_count(raw, "processes"),
                 devices=_optional_count(raw, "devices"),
+                payload=_typed(raw, "payload", str, None),
                 format_version=version,
             )
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            manifest.check_usable()
+        except ValueError as e:
             raise CorruptCheckpointError(
-                f"{where}: manifest is missing or has a bad field ({type(e).__name__}: {e})"
-            ) from e
+                f"{where}: manifest is missing or has a bad field ({e}); {UNUSABLE}"
+            ) from None
+        return manifest
+
+    def check_usable(self) -> None:
+        """ValueError unless the manifest names something a loader can restore.
+
+        It must list files; its `payload`, when given, must be one of them; and one written by
+        the Keras side (a ``keras`` version) without a `payload` must list a file that side
+        always saves (`KERAS_PAYLOADS`). Otherwise retention could keep it as the newest good
+        checkpoint and delete the real ones.
+        """
+        if not self.files:
+            raise ValueError("files: lists no file, so there is nothing to restore")
+        if self.payload is not None:
+            if self.payload not in self.files:
+                raise ValueError(f"payload: {_shown(self.payload)} is not among the files")
+        elif "keras" in self.versions and not any(name in self.files for name in KERAS_PAYLOADS):
+            raise ValueError(f"files: written by Keras but lists neither {' nor '.join(KERAS_PAYLOADS)}")
 
 
 def is_safe_relative(name: str) -> bool:
@@ -162,13 +191,80 @@ def is_safe_relative(name: str) -> bool:
     )
 
 
+def _count(raw: dict[str, Any], key: str, *, required: bool = False) -> int:
+    """A count (epoch, step, batch): an integer, 0 or more; 0 when absent and not ``required``."""
+    if key not in raw:
+        if required:
+            raise ValueError(f"{key}: missing")
+        return 0
+    value = raw[key]
+    if type(value) is not int or not 0 <= value <= MAX_COUNT:
+        raise ValueError(f"{key}: expected an integer >= 0, got {_shown(value)}")
+    return value
+
+
 def _optional_count(raw: dict[str, Any], key: str) -> int | None:
     value = raw.get(key)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{key} must be a positive integer, got {value!r}")
+    if type(value) is not int or not 1 <= value <= MAX_COUNT:
+        raise ValueError(f"{key} must be a positive integer, got {_shown(value)}")
     return value
+
+
+def _typed(raw: dict[str, Any], key: str, kind: type, default: Any) -> Any:
+    """``raw[key]`` when it is a ``kind``; ``default`` when absent (or null)."""
+    value = raw.get(key)
+    if value is None:
+        return default
+    if type(value) is not kind:
+        raise ValueError(f"{key}: expected {_KINDS[kind]}, got {_shown(value)}")
+    return value
+
+
+def _files(files: Any) -> dict[str, FileEntry]:
+    if files is _MISSING:
+        raise ValueError("files: missing")
+    if type(files) is not dict:
+        raise ValueError(f"files: expected an object, got {_shown(files)}")
+    entries = {}
+    for name, entry in files.items():
+        if not is_safe_relative(name):  # a hand-edited or hostile manifest: fetch must not write elsewhere
+            raise ValueError(f"file name {_shown(name)} is not a plain relative path")
+        where = f"files[{_shown(name)}]"
+        if type(entry) is not dict:
+            raise ValueError(f"{where}: expected an object with size and crc32c")
+        size, crc32c = entry.get("size"), entry.get("crc32c")
+        if type(size) is not int or not 0 <= size <= MAX_COUNT:
+            raise ValueError(f"{where}.size: expected an integer >= 0, got {_shown(size)}")
+        if type(crc32c) is not str or not _CRC32C.fullmatch(crc32c):
+            raise ValueError(f"{where}.crc32c: expected 8 lowercase hex digits, got {_shown(crc32c)}")
+        entries[name] = FileEntry(size, crc32c)
+    return entries
+
+
+def _metrics(metrics: Any) -> dict[str, float]:
+    """Numbers, null for NaN and infinities (JSON has neither)."""
+    if type(metrics) is not dict:
+        raise ValueError(f"metrics: expected an object, got {_shown(metrics)}")
+    found = {}
+    for name, value in metrics.items():
+        if value is not None and type(value) not in (int, float):
+            raise ValueError(f"metrics[{_shown(name)}]: expected a number or null, got {_shown(value)}")
+        found[name] = math.nan if value is None else float(value)
+    return found
+
+
+def _strings(versions: Any) -> dict[str, str]:
+    if type(versions) is not dict or any(type(v) is not str for v in versions.values()):
+        raise ValueError(f"versions: expected an object of strings, got {_shown(versions)}")
+    return versions
+
+
+def _shown(value: Any) -> str:
+    """A value as an error message quotes it: short, one line."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def now_iso() -> str:

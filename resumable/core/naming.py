@@ -119,7 +119,16 @@ def _pattern(template: str, has_step: bool) -> str:
     return "".join(parts)
 
 
+def is_plain_name(name: str) -> bool:
+    """One plain folder or file name: never a path, never ``.`` or ``..``.
+
+    GCS object names may hold ``.`` and ``..`` segments; such a "folder" is never a
+    checkpoint: it would resolve outside the run folder or the local cache.
+    """
+    return bool(name) and "/" not in name and "\\" not in name and name not in (".", "..")
+
+
 def check_name(name: str) -> None:
     """A checkpoint (or run file) name must be one plain folder name: never a path."""
-    if not name or "/" in name or name in (".", ".."):
+    if not is_plain_name(name):
         raise ResumableError(f"invalid checkpoint name {name!r}: expected a plain folder name")

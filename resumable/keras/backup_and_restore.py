@@ -147,11 +147,13 @@ class BackupAndRestore(CheckpointCallback):
         self.manager.finish(quiet=True)  # an earlier fit an exception ended: its backups land first
         self._forget_run()
         found = self.manager.fetch_newest(warn=lambda problem: warnings.warn(f"resumable: {problem}",
-                                                                             stacklevel=5))
+                                                                             stacklevel=5),
+                                          check=keras_io.read_state)  # a bad state.json: skipped as damaged
         if found is not None:
             info, local = found
             keras_io.load_into(model, local, info.url)
-            self.restore(info, keras_io.read_state(local), keras_io.read_arrays(local), self.manager.damaged)
+            self.restore(info, keras_io.read_state(local, info.url), keras_io.read_arrays(local),
+                         self.manager.damaged)
             self.manager.keep_only_cached(info.name)
             compat.set_fit_initial_epoch(model, info.epoch)
             if self.resume_batch:

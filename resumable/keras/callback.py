@@ -6,6 +6,7 @@ import datetime
 import functools
 import logging
 import math
+import shutil
 import signal
 import sys
 import threading
@@ -18,7 +19,7 @@ from typing import Any, TypeVar, cast
 import keras
 
 from resumable.core.display import human_size
-from resumable.core.errors import ResumableError
+from resumable.core.errors import NoSpaceError, ResumableError
 from resumable.core.manifest import Manifest
 from resumable.core.naming import DEFAULT_TEMPLATE
 from resumable.core.policy import Retention, is_better, resolve_mode
@@ -588,6 +589,35 @@ class CheckpointCallback(keras.callbacks.Callback):
             self._add_resumed_metrics()
             state["epoch_rng"] = self._epoch_rng
             arrays.update(keras_io.metric_arrays(self.model))
+        # Training waits only for a copy of the values into host memory; the files are written
+        # with the upload, in the background (keras_io.snapshot). Without Keras' internals for
+        # that, the model is serialized here as before; so is a trainable-only checkpoint, whose
+        # megabytes take less time to write than to hold.
+        taken = None
+        if not self.save_trainable_only:
+            with self.manager.serializing():
+                taken = keras_io.snapshot(self.model, weights_only=self.save_weights_only, state=state,
+                                          arrays=arrays)
+        write = functools.partial(self._write_staged, taken, name) if taken is not None else None
+        if taken is None and not self._serialize(staging, name, state, arrays):
+            return
+        self._last_saved_step = step
+        processes, devices = keras_io.topology(self.model, self.strategy)
+        manifest = Manifest(
+            epoch=epoch, step=step, batch=batch, metrics=logs, versions=keras_io.versions(),
+            state=self._summary(callback_states), processes=processes, devices=devices,
+            payload=keras_io.payload_file(weights_only=self.save_weights_only,
+                                          trainable_only=self.save_trainable_only),
+        )
+        self._save_started = started
+        self.manager.submit(staging, name, manifest, write=write)
+        if self.async_upload:
+            logger.info("resumable: staged %s in %.2f s; uploading in the background", name,
+                        time.monotonic() - started)
+        self._last_save_time = time.monotonic()  # the interval counts training, not saving
+
+    def _serialize(self, staging: Path, name: str, state: dict[str, Any], arrays: dict[str, Any]) -> bool:
+        """Save the model into ``staging`` while training waits; False (warned) when the disk is full."""
         try:
             with self.manager.serializing():
                 keras_io.save(self.model, staging, weights_only=self.save_weights_only, state=state,
@@ -598,20 +628,19 @@ class CheckpointCallback(keras.callbacks.Callback):
             self.manager.discard(staging)  # half a checkpoint would only hold the space
             self._last_save_time = time.monotonic()
             warnings.warn(f"resumable: {_no_staging_space(self.staging_dir, name, self.last_checkpoint)}",
-                          stacklevel=2)
-            return
-        self._last_saved_step = step
-        processes, devices = keras_io.topology(self.model, self.strategy)
-        manifest = Manifest(
-            epoch=epoch, step=step, batch=batch, metrics=logs, versions=keras_io.versions(),
-            state=self._summary(callback_states), processes=processes, devices=devices,
-        )
-        self._save_started = started
-        self.manager.submit(staging, name, manifest)
-        if self.async_upload:
-            logger.info("resumable: staged %s in %.2f s; uploading in the background", name,
-                        time.monotonic() - started)
-        self._last_save_time = time.monotonic()  # the interval counts training, not saving
+                          stacklevel=3)
+            return False
+        return True
+
+    def _write_staged(self, taken: keras_io.ModelSnapshot, name: str, staging: Path) -> None:
+        """Write a snapshot's files into ``staging`` (the uploader's thread, when in the background)."""
+        try:
+            taken.write(staging)
+        except OSError as e:
+            shutil.rmtree(staging, ignore_errors=True)  # half a checkpoint would only hold the space
+            if e.errno in NO_SPACE_ERRNOS:
+                raise NoSpaceError(_no_staging_space(self.staging_dir, name, self.last_checkpoint)) from e
+            raise
 
     def _committed(self, info: CheckpointInfo) -> None:
         """After each commit and its retention (in the uploader's thread when uploading in the background).

@@ -271,6 +271,100 @@ def lora_layer_variables(model: keras.Model) -> list[Any] | None:
         return None
 
 
+# ----------------------------------------------------------------------------- saving in the background
+
+
+class SavedValue(NamedTuple):
+    """One value Keras' saving writes to ``model.weights.h5``: its group, group attributes, key, value."""
+
+    path: str
+    metadata: dict[str, Any] | None
+    key: str
+    value: Any  # a host copy (numpy), never the live variable
+
+
+@functools.cache
+def _saving_lib() -> ModuleType | None:
+    try:
+        from keras.src.saving import saving_lib
+
+        # Read now what the snapshot and its writer use: AttributeError here, not mid-training.
+        _ = (saving_lib._save_state, saving_lib.H5IOStore, saving_lib.DiskIOStore,
+             saving_lib._serialize_model_as_json)
+        return saving_lib
+    except Exception:  # noqa: BLE001 - moved or renamed in this Keras version
+        logger.warning("%s; checkpoints are serialized while training waits",
+                       unsupported("keras.src.saving.saving_lib (_save_state, H5IOStore)"))
+        return None
+
+
+def saved_values(model: keras.Model, copy: Any, assets_dir: str | None) -> list[SavedValue] | None:
+    """What ``model.save`` / ``model.save_weights`` would write to the weights file, as host copies.
+
+    Runs Keras' own traversal (``saving_lib._save_state``) with a store that keeps
+    ``copy(value)`` of each value instead of writing it, so `write_weights` later writes the
+    same file in another thread while training goes on. Assets (vocabularies and the like)
+    go to ``assets_dir`` now, when given (``model.save``; ``save_weights`` writes none).
+    None when this Keras lacks those internals: the caller saves the usual way.
+    """
+    saving_lib = _saving_lib()
+    if saving_lib is None:
+        return None
+
+    class Recorder(saving_lib.H5IOStore):  # type: ignore[name-defined]  # _save_state checks the type
+        def __init__(self) -> None:  # no file: nothing of H5IOStore's own state is used
+            self.values: list[SavedValue] = []
+            self._entry: tuple[str, dict[str, Any] | None] = ("", None)
+
+        def __bool__(self) -> bool:
+            return True
+
+        def make(self, path: str, metadata: dict[str, Any] | None = None) -> Recorder:
+            self._entry = (path, metadata)
+            return self
+
+        def __setitem__(self, key: str, value: Any) -> None:
+            self.values.append(SavedValue(*self._entry, key, copy(value)))
+
+    recorder = Recorder()
+    assets = saving_lib.DiskIOStore("assets", mode="w") if assets_dir is not None else None
+    try:
+        saving_lib._save_state(model, weights_store=recorder, assets_store=assets, inner_path="",
+                               visited_saveables=set())
+        if assets is not None and assets_dir is not None:
+            import shutil
+
+            shutil.copytree(assets.working_dir, assets_dir, dirs_exist_ok=True)
+    finally:
+        if assets is not None:
+            assets.close()
+    return recorder.values
+
+
+def write_weights(values: list[SavedValue], path: str) -> None:
+    """Write `saved_values` as the ``.weights.h5`` file Keras would have written, with its store."""
+    saving_lib = _saving_lib()
+    assert saving_lib is not None  # saved_values returned values
+    store = saving_lib.H5IOStore(path, mode="w")
+    try:
+        entry: tuple[str, dict[str, Any] | None] | None = None
+        for value in values:
+            if entry != (value.path, value.metadata):
+                entry = (value.path, value.metadata)
+                store.make(value.path, metadata=value.metadata)
+            store[value.key] = value.value
+    finally:
+        store.close()
+
+
+def model_json(model: keras.Model) -> tuple[str, str]:
+    """The ``config.json`` and ``metadata.json`` texts of a ``.keras`` file, as ``model.save`` writes them."""
+    saving_lib = _saving_lib()
+    assert saving_lib is not None
+    config, metadata = saving_lib._serialize_model_as_json(model)
+    return config, metadata
+
+
 __all__ = ["ArrayAdapters", "array_adapters", "global_seed_generator", "lora_layer_variables",
            "model_checkpoint_internals", "running_fit_callbacks", "set_fit_initial_epoch",
            "tensorflow_unavailable", "trained_non_trainable_variables", "unsupported"]

@@ -26,8 +26,12 @@ import contextlib
 import json
 import logging
 import math
+import os
 import random
+import shutil
 import sys
+import tempfile
+import zipfile
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -35,16 +39,24 @@ from typing import Any
 import keras
 import numpy as np
 
-from resumable.core.errors import CheckpointMismatchError, CheckpointNotFoundError, ResumableError
+from resumable.core import safe_json
+from resumable.core.display import printable
+from resumable.core.errors import (
+    CheckpointMismatchError,
+    CheckpointNotFoundError,
+    CorruptCheckpointError,
+    ResumableError,
+)
 from resumable.keras import compat, lora, trainable
+
+# The file names come from the module that writes them; callers know them from here.
+from resumable.keras.snapshot import ARRAYS_FILE, MODEL_FILE, STATE_FILE, WEIGHTS_FILE, ModelSnapshot
+from resumable.keras.snapshot import take as take_snapshot
 
 logger = logging.getLogger("resumable")
 
-MODEL_FILE = "model.keras"
-WEIGHTS_FILE = "model.weights.h5"
-STATE_FILE = "state.json"
-ARRAYS_FILE = "arrays.npz"
 STATE_VERSION = 1
+STATE_LIMIT = safe_json.STATE_LIMIT  # bytes: a larger state.json is refused unread
 
 # Attributes of Keras callbacks that change during fit and are reset by their on_train_begin.
 CALLBACK_FIELDS: dict[str, tuple[str, ...]] = {
@@ -65,22 +77,67 @@ def save(model: keras.Model, folder: Path, *, weights_only: bool, state: dict[st
     ``trainable_only``: only what trains and its optimizer state (``trainable.npz``), with the
     frozen weights' fingerprint in ``state.json``.
     """
-    folder.mkdir(parents=True, exist_ok=True)
-    arrays = {**(arrays or {}), **_seed_generator_arrays(model)}
-    _check_whole_arrays(model)
-    state = {**state, "version": STATE_VERSION, "model": model_summary(model)}
-    if not trainable_only:
-        arrays.update(lora.raw_arrays(model))  # Keras saves LoRA layers merged
+    if trainable_only:
+        _save_trainable(model, folder, state, arrays)
+        return
+    taken = snapshot(model, weights_only=weights_only, state=state, arrays=arrays)
+    if taken is not None:
+        taken.write(folder)
+        return
+    folder.mkdir(parents=True, exist_ok=True)  # a Keras without the internals snapshots need
     with _no_tensorflow_import(), _no_distribution():
-        if trainable_only:
-            state["trainable"] = trainable.save(model, folder)
-        elif weights_only:
+        if weights_only:
             model.save_weights(str(folder / WEIGHTS_FILE))
         else:
             model.save(str(folder / MODEL_FILE))
-    (folder / STATE_FILE).write_text(json.dumps(_jsonable(state), indent=1))
+    (folder / STATE_FILE).write_text(json.dumps(_checkpoint_state(model, state), indent=1))
+    arrays = _all_arrays(model, arrays)
     if arrays:
         np.savez(folder / ARRAYS_FILE, **arrays)  # type: ignore[arg-type]
+
+
+def payload_file(*, weights_only: bool, trainable_only: bool) -> str:
+    """The file of a checkpoint a loader opens (the manifest's ``payload``)."""
+    return trainable.TRAINABLE_FILE if trainable_only else WEIGHTS_FILE if weights_only else MODEL_FILE
+
+
+def _save_trainable(model: keras.Model, folder: Path, state: dict[str, Any],
+                    arrays: dict[str, np.ndarray] | None) -> None:
+    """A trainable-only checkpoint: megabytes, written at once (no snapshot to write later)."""
+    _check_whole_arrays(model)
+    folder.mkdir(parents=True, exist_ok=True)
+    layout = trainable.save(model, folder)
+    (folder / STATE_FILE).write_text(
+        json.dumps(_checkpoint_state(model, {**state, "trainable": layout}), indent=1))
+    arrays = {**(arrays or {}), **_seed_generator_arrays(model)}  # LoRA layers: assigned, never merged
+    if arrays:
+        np.savez(folder / ARRAYS_FILE, **arrays)  # type: ignore[arg-type]
+
+
+def _all_arrays(model: keras.Model, arrays: dict[str, np.ndarray] | None) -> dict[str, np.ndarray]:
+    """``arrays.npz`` of a full checkpoint: the caller's arrays, the layers' seed generator states
+    and the LoRA layers' variables unmerged (Keras saves those layers merged)."""
+    return {**(arrays or {}), **_seed_generator_arrays(model), **lora.raw_arrays(model)}
+
+
+def snapshot(model: keras.Model, *, weights_only: bool, state: dict[str, Any],
+             arrays: dict[str, np.ndarray] | None = None) -> ModelSnapshot | None:
+    """What `save` writes, copied into host memory now, to be written later (`ModelSnapshot.write`).
+
+    Training waits only for this copy; None on a Keras without the internals it needs.
+    """
+    _check_whole_arrays(model)
+    # Copies: a JAX step may donate the buffers these arrays view (seed generators, metrics).
+    arrays = {key: np.array(value, copy=True) for key, value in _all_arrays(model, arrays).items()}
+    with _no_tensorflow_import(), _no_distribution():
+        return take_snapshot(model, weights_only=weights_only, state=_checkpoint_state(model, state),
+                             arrays=arrays)
+
+
+def _checkpoint_state(model: keras.Model, state: dict[str, Any]) -> dict[str, Any]:
+    """``state.json``'s content: the caller's state, its version and the model's weight layout."""
+    result: dict[str, Any] = _jsonable({**state, "version": STATE_VERSION, "model": model_summary(model)})
+    return result
 
 
 def _seed_generator_states(model: keras.Model) -> list[Any]:
@@ -138,12 +195,116 @@ def iterations(model: keras.Model) -> int:
 # ----------------------------------------------------------------------------- loading
 
 
-def read_state(folder: Path) -> dict[str, Any]:
+def read_state(folder: Path, where: str | None = None) -> dict[str, Any]:
+    """``state.json`` of a fetched checkpoint folder ({} without one); ``where`` names it in errors.
+
+    Raises CorruptCheckpointError when it is not what resumable writes: over `STATE_LIMIT`
+    (never read whole), not strict UTF-8 JSON, or a field the restore uses of the wrong type.
+    The checkpoint's CRC32C vouches only for the bytes, not for who wrote them.
+    """
     path = folder / STATE_FILE
     if not path.is_file():
         return {}
-    state: dict[str, Any] = json.loads(path.read_text())
+    with path.open("rb") as f:  # read(n) sets n bytes aside first: no more than the file holds
+        data = f.read(min(os.fstat(f.fileno()).st_size, STATE_LIMIT) + 1)
+    try:
+        state = safe_json.loads(data, STATE_LIMIT)
+        check_state(state)
+    except ValueError as e:  # safe_json.RefusedJSON is one
+        raise CorruptCheckpointError(
+            f"{where or folder}: {STATE_FILE} {printable(str(e))}; this checkpoint cannot be restored "
+            "(resume() falls back to the one before it)"
+        ) from None
     return state
+
+
+def check_state(state: Any) -> None:
+    """ValueError naming the first field of ``state.json`` a restore would trip over.
+
+    Only what the restore reads is checked; callbacks' states are checked field by field as
+    they are restored (`restore_callback_states`), where a bad one is skipped with a warning.
+    """
+    if type(state) is not dict:
+        raise ValueError(f"is not a JSON object (got {_shown(state)})")
+    for key, kind in _STATE_TYPES.items():
+        value = state.get(key)
+        if key in state and type(value) is not kind and not (value is None and key in _MAY_BE_NULL):
+            raise ValueError(f"field {key}: expected {_KIND_NAMES[kind]}, got {_shown(value)}")
+    if not _is_number(state.get("best", None), or_none=True):
+        raise ValueError(f"field best: expected a number, got {_shown(state['best'])}")
+    for i, logs in enumerate(state.get("history") or []):
+        if type(logs) is not dict or not all(_is_number(v) for v in logs.values()):
+            raise ValueError(f"field history[{i}]: expected an object of numbers, got {_shown(logs)}")
+    for key in ("rng", "epoch_rng"):
+        _check_rng(key, state.get(key) or {})
+    weights = (state.get("model") or {}).get("weights")
+    if weights is not None and not (type(weights) is list and all(
+            type(w) is list and len(w) == 2 and type(w[0]) is str and type(w[1]) is list
+            and all(type(d) is int and d >= 0 for d in w[1]) for w in weights)):
+        raise ValueError("field model.weights: expected a list of [path, shape] pairs")
+    optimizer = state.get("optimizer")
+    if optimizer and not (type(optimizer.get("class")) is str and type(optimizer.get("iterations")) is int):
+        raise ValueError("field optimizer: expected its class name and iterations")
+    if "trainable" in state:
+        _check_trainable_layout(state["trainable"])
+
+
+def _check_trainable_layout(layout: dict[str, Any]) -> None:
+    """A trainable-only checkpoint's layout, as `trainable.save` writes it."""
+    for key in ("weights", "optimizer"):
+        entries = layout.get(key)
+        if not (type(entries) is list and all(
+                type(e) is list and len(e) == 3 and type(e[0]) is str and type(e[1]) is list
+                and all(type(d) is int and d >= 0 for d in e[1]) and type(e[2]) is str for e in entries)):
+            raise ValueError(f"field trainable.{key}: expected a list of [path, shape, dtype]")
+    frozen = layout.get("frozen")
+    if not (type(frozen) is dict and type(frozen.get("crc32c")) is str
+            and all(type(frozen.get(k)) is int and frozen[k] >= 0 for k in ("variables", "bytes"))):
+        raise ValueError("field trainable.frozen: expected its crc32c, variables and bytes")
+
+
+_STATE_TYPES: dict[str, type] = {
+    "monitor": str, "mode": str, "stopped_early": bool, "history": list, "callbacks": dict, "rng": dict,
+    "epoch_rng": dict, "model": dict, "optimizer": dict, "trainable": dict,
+}
+# null reads as "none" for these; the others are read with .get(key, {}), where null would break
+_MAY_BE_NULL = ("monitor", "mode", "stopped_early", "epoch_rng", "optimizer")
+_KIND_NAMES = {str: "a string", bool: "true or false", list: "a list", dict: "an object"}
+_NUMBER_TEXTS = ("nan", "inf", "-inf")  # how `_jsonable` writes NaN and infinities
+
+
+def _is_number(value: Any, or_none: bool = False) -> bool:
+    """A number as `_jsonable` writes one (never a bool); None too with ``or_none``."""
+    return (type(value) in (int, float) or value in _NUMBER_TEXTS or (or_none and value is None)) and (
+        type(value) is not int or abs(value) < 2**63)
+
+
+def _check_rng(key: str, rng: dict[str, Any]) -> None:
+    """The RNG states `rng_state` writes, as `set_rng_state` needs them."""
+    python, numpy, generator = rng.get("python"), rng.get("numpy"), rng.get("keras")
+    if python is not None and not (
+            type(python) is list and len(python) == 3 and type(python[0]) is int and _words(python[1], 625)
+            and (python[2] is None or type(python[2]) is float)):
+        raise ValueError(f"field {key}.python: not a Python random state")
+    if numpy is not None and not (
+            type(numpy) is list and len(numpy) == 5 and type(numpy[0]) is str and _words(numpy[1], 624)
+            and type(numpy[2]) is int and 0 <= numpy[2] <= 624 and type(numpy[3]) is int
+            and type(numpy[4]) in (int, float)):
+        raise ValueError(f"field {key}.numpy: not a NumPy random state")
+    if generator is not None and not _words(generator, None, low=-(2**63), high=2**63):  # int64 on TF
+        raise ValueError(f"field {key}.keras: not a Keras seed generator state")
+
+
+def _words(values: Any, length: int | None, low: int = 0, high: int = 2**32) -> bool:
+    """A list of integers in [low, high), 32-bit unsigned by default (of ``length``, when given)."""
+    return type(values) is list and (length is None or len(values) == length) and all(
+        type(v) is int and low <= v < high for v in values)
+
+
+def _shown(value: Any) -> str:
+    """A value as an error message quotes it: short, one line."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def read_arrays(folder: Path) -> dict[str, np.ndarray]:
@@ -164,7 +325,7 @@ def load_model(folder: Path, build_model: Callable[[], keras.Model] | None, *, s
     are created with its layout and receive the saved whole arrays, so a checkpoint restores
     on any number of devices. ``where`` names the checkpoint in errors.
     """
-    state = read_state(folder)
+    state = read_state(folder, where)
     layout = state.get("trainable")
     weights_file = _weights_file(folder, layout, where)
     with scope(strategy, distribution), _no_tensorflow_import():
@@ -215,9 +376,30 @@ def _load_weights(model: keras.Model, weights_file: Path, layout: dict[str, Any]
         # Keras 3 skips optimizer variables in load_weights unless the optimizer exists.
         optimizer.build(model.trainable_variables)
     try:
-        model.load_weights(str(weights_file))
+        _load_keras_weights(model, weights_file)
     except ValueError as e:
         raise CheckpointMismatchError(f"{where} does not fit {target}: {e}") from e
+
+
+def _load_keras_weights(model: keras.Model, weights_file: Path) -> None:
+    """``model.load_weights`` of a checkpoint's weights; from a ``.keras`` file, at load_model's speed.
+
+    Keras' load_weights reads a ``.keras`` file's weights through the zip member, seeking in
+    it for each variable: 3x slower than ``load_model``, which reads the member first. So the
+    member is copied out to a temporary ``.weights.h5`` (one sequential read) and loaded from there.
+    """
+    if weights_file.name != MODEL_FILE:
+        model.load_weights(str(weights_file))
+        return
+    with zipfile.ZipFile(weights_file) as archive:
+        if WEIGHTS_FILE not in archive.namelist():  # another weights format: Keras reads it itself
+            model.load_weights(str(weights_file))
+            return
+        with tempfile.TemporaryDirectory(prefix="resumable-load-") as folder:
+            extracted = Path(folder) / WEIGHTS_FILE
+            with archive.open(WEIGHTS_FILE) as source, extracted.open("wb") as target:
+                shutil.copyfileobj(source, target, 16 * 2**20)
+            model.load_weights(str(extracted))
 
 
 def build(build_model: Callable[[], keras.Model]) -> keras.Model:
@@ -408,19 +590,53 @@ def callback_states(
 
 def restore_callback_states(callbacks: Sequence[keras.callbacks.Callback], states: dict[str, Any],
                             arrays: dict[str, np.ndarray]) -> list[str]:
-    """Set the saved attributes back; return the keys restored."""
+    """Set the saved attributes back; return the keys restored.
+
+    Only the fields `callback_states` saves for that class (`CALLBACK_FIELDS`, plus
+    ``best_weights`` from ``arrays``), each with a value of the kind saved: state.json is read
+    from a run folder, and must never set ``on_epoch_end`` or ``model``. Anything else is
+    skipped with one warning naming it.
+    """
     restored = []
     for callback in callbacks:
-        key = callback_key(callbacks, callback) if type(callback).__name__ in CALLBACK_FIELDS else None
-        if key is None or key not in states:
+        fields = CALLBACK_FIELDS.get(type(callback).__name__)
+        if fields is None:
             continue
-        for name, value in states[key].items():
+        key = callback_key(callbacks, callback)
+        if key not in states:
+            continue
+        saved = states[key]
+        if type(saved) is not dict:
+            _skip_state(key, None, "not a JSON object")
+            continue
+        for name, value in saved.items():
             if name == "best_weights":
-                callback.best_weights = [arrays[f"{key}/best_weights/{i}"] for i in range(int(value))]
+                weights = _best_weights(key, value, arrays)
+                if weights is not None:
+                    callback.best_weights = weights
+            elif name not in fields:
+                _skip_state(key, name, "not a field resumable saves for this callback")
+            elif not _is_number(value, or_none=True):
+                _skip_state(key, name, f"{_shown(value)} is not a number")
             else:
                 setattr(callback, name, _from_json_number(value))
         restored.append(key)
     return restored
+
+
+def _best_weights(key: str, count: Any, arrays: dict[str, np.ndarray]) -> list[np.ndarray] | None:
+    """The ``count`` arrays saved as ``key``'s best weights; None (with a warning) unless all are there."""
+    if type(count) is int and 0 <= count <= len(arrays):  # never a range of a hostile 10**18
+        names = [f"{key}/best_weights/{i}" for i in range(count)]
+        if all(name in arrays for name in names):
+            return [arrays[name] for name in names]
+    _skip_state(key, "best_weights", f"{_shown(count)} arrays named, not all in {ARRAYS_FILE}")
+    return None
+
+
+def _skip_state(key: str, name: str | None, why: str) -> None:
+    field = printable(f"{key}.{name}" if name is not None else key)
+    logger.warning("resumable: not restoring %s from %s: %s", field, STATE_FILE, printable(why))
 
 
 # ----------------------------------------------------------------------------- metrics
@@ -631,7 +847,7 @@ def load_into(model: keras.Model, folder: Path, where: str) -> None:
     For callbacks that restore the model ``fit`` was called on (resumable.BackupAndRestore, a
     Run rolled back after an exception). The layout and optimizer are checked as in `load_model`.
     """
-    state = read_state(folder)
+    state = read_state(folder, where)
     layout = state.get("trainable")
     weights_file = _weights_file(folder, layout, where)
     _check_layout(model, state.get("model", {}).get("weights"), where)

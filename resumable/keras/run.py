@@ -11,6 +11,7 @@ from typing import Any
 
 import keras
 
+from resumable.core.display import printable
 from resumable.core.errors import (
     CheckpointNotFoundError,
     CorruptCheckpointError,
@@ -318,15 +319,17 @@ def resume(
     callback.strategy = strategy
     manager = callback.manager
     callback.warn_if_leased()  # before a download that fit would waste
-    found = manager.fetch_newest(warn=lambda problem: warnings.warn(f"resumable: {problem}", stacklevel=4))
+    found = manager.fetch_newest(warn=lambda problem: warnings.warn(f"resumable: {problem}", stacklevel=4),
+                                 check=keras_io.read_state)  # a bad state.json: skipped as damaged
     found = _follow_chief(manager, found)
     if found is not None:
         info, local = found
         model = keras_io.load_model(local, build_model, strategy=strategy, distribution=distribution,
                                     where=info.url)
-        callback.restore(info, keras_io.read_state(local), keras_io.read_arrays(local), manager.damaged)
+        callback.restore(info, keras_io.read_state(local, info.url), keras_io.read_arrays(local),
+                         manager.damaged)
         manager.keep_only_cached(info.name)
-        logger.info("resumable: resumed %s at epoch %d, step %d", info.url, info.epoch, info.step)
+        logger.info("resumable: resumed %s at epoch %d, step %d", printable(info.url), info.epoch, info.step)
         _say_if_other_backend(info)
         if info.manifest is not None and info.manifest.batch:
             logger.info("resumable: %s was saved %d batches into epoch %d; run.fit continues there",
@@ -354,9 +357,9 @@ def _say_if_other_backend(info: CheckpointInfo) -> None:
     current = keras.backend.backend()
     if not isinstance(written, str) or written == current:
         return
-    message = (f"resumable: resumed {info.url}, written with {_BACKEND_NAMES.get(written, written)}, on "
-               f"{_BACKEND_NAMES.get(current, current)}: epochs and state continue exactly, floating point "
-               "does not")
+    message = printable(  # the backend's name is read from the run folder
+        f"resumable: resumed {info.url}, written with {_BACKEND_NAMES.get(written, written)}, on "
+        f"{_BACKEND_NAMES.get(current, current)}: epochs and state continue exactly, floating point does not")
     print(message, flush=True)
     logger.info("%s", message)
 

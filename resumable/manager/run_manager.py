@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from resumable.core.display import printable
 from resumable.core.errors import (
     CheckpointExistsError,
     CorruptCheckpointError,
@@ -35,7 +36,7 @@ from resumable.core.errors import (
     ResumableError,
 )
 from resumable.core.manifest import Manifest
-from resumable.core.naming import DEFAULT_TEMPLATE
+from resumable.core.naming import DEFAULT_TEMPLATE, check_name
 from resumable.core.policy import Decision, Retention, plan
 from resumable.manager.uploader import Uploader
 from resumable.storage import CheckpointInfo, RunStorage
@@ -112,12 +113,15 @@ class RunManager:
         self.verbose = verbose
         # One writer per run folder; at interpreter exit the last uploads land before it is released.
         self.lease = Lease(self.storage, timeout=lease_timeout, before_exit=self._finish_uploads_at_exit)
+        self.storage.fence = self.lease.fence  # every manifest write and delete checks it afresh
         # The newest committed checkpoint's files stay in staging_dir/committed until the next
         # save: a local copy to recover by hand; resume() reads the run folder's copy.
         self.uploader = Uploader(self.storage, commit=self._commit, on_commit=self._committed,
                                  cache_dir=self.staging_dir / "committed", verbose=verbose)
         self.last_checkpoint: CheckpointInfo | None = None
         self.damaged: set[str] = set()  # newer checkpoints found corrupt when resuming: replaceable
+        # those of them whose files check out but a caller's check refused (fetch_newest's ``check``)
+        self._refused_by: dict[str, Callable[[Path, str], object]] = {}
         self.on_commit: Callable[[CheckpointInfo], None] | None = None  # after each commit (callback)
 
     def __repr__(self) -> str:
@@ -220,12 +224,17 @@ class RunManager:
         """Hold the upload in flight while the caller writes a staged folder (what training waits for)."""
         return self.uploader.paused()
 
-    def submit(self, folder: Path, name: str, manifest: Manifest) -> None:
-        """Commit a staged folder as ``name``: in the background, or now with ``async_upload=False``."""
+    def submit(self, folder: Path, name: str, manifest: Manifest, *,
+               write: Callable[[Path], None] | None = None) -> None:
+        """Commit a staged folder as ``name``: in the background, or now with ``async_upload=False``.
+
+        ``write``: writes the files into ``folder`` first, in the uploader's thread when in the
+        background (a checkpoint held in memory: training does not wait for its files).
+        """
         if self.async_upload:
-            self.uploader.submit(folder, name, manifest)
+            self.uploader.submit(folder, name, manifest, write=write)
         else:
-            self.uploader.commit_now(folder, name, manifest)
+            self.uploader.commit_now(folder, name, manifest, write=write)
 
     @property
     def pending(self) -> list[str]:
@@ -278,16 +287,35 @@ class RunManager:
             return self._commit_files(staging, name, manifest)
         except CheckpointExistsError:
             # Only a checkpoint resume() found damaged may be replaced, and only if it still is.
-            if name not in self.damaged or not self.storage.verify(name):
+            if name not in self.damaged or not self._still_damaged(name):
                 raise
         logger.warning("resumable: replacing damaged checkpoint %s", name)
         self.storage.delete(name)
         self.damaged.discard(name)
         return self._commit_files(staging, name, manifest)
 
+    def _still_damaged(self, name: str) -> bool:
+        """Whether checkpoint ``name``, found damaged when resuming, still is: its files, or the
+        check of the caller that refused it (another process may have replaced it since)."""
+        if self.storage.verify(name):
+            return True
+        check, info = self._refused_by.get(name), self.storage.get(name)
+        if check is None or info is None:
+            return False
+        try:
+            check(self.fetch(info), info.url)
+        except CorruptCheckpointError:
+            return True
+        return False
+
     def _commit_files(self, staging: Path, name: str, manifest: Manifest) -> CheckpointInfo:
         return self.storage.commit(staging, name, manifest, progress=self.verbose,
-                                   between_chunks=self.uploader.between_chunks)
+                                   between_chunks=self._between_chunks)
+
+    def _between_chunks(self) -> None:
+        """Before each chunk of an upload: stop once a renewal found the run taken over."""
+        self.lease.check()
+        self.uploader.between_chunks()
 
     def _committed(self, info: CheckpointInfo) -> None:
         """After each commit, in the uploader's thread when uploading in the background."""
@@ -361,20 +389,37 @@ class RunManager:
         return self.staging_dir / "cache"
 
     def fetch(self, info: CheckpointInfo) -> Path:
-        """Download a checkpoint into the cache and check every file (CorruptCheckpointError if bad)."""
+        """The checkpoint's folder to load from, every file checked (CorruptCheckpointError if bad).
+
+        From a bucket: downloaded into the cache. From a local folder or a Drive mount: the
+        checkpoint's own folder, once its files were read and checked in place.
+        """
+        check_name(info.name)  # the cache folder it names must be inside the cache
+        if self.storage.is_local:  # a local disk or a Drive mount: loaded where it is, once checked
+            return self.storage.checked_in_place(info)
         return self.storage.fetch(info, self.cache_root / info.name, progress=self.verbose)
 
-    def fetch_newest(self, warn: Callable[[str], None]) -> tuple[CheckpointInfo, Path] | None:
+    def fetch_newest(self, warn: Callable[[str], None], check: Callable[[Path, str], object] | None = None
+                     ) -> tuple[CheckpointInfo, Path] | None:
         """The newest checkpoint whose files all check out, fetched; None when there is none.
 
-        Damaged newer ones are passed to ``warn`` and remembered in `damaged`: the next commits
-        of the same names may replace them.
+        ``check(folder, url)``: the caller's own reading of the fetched files (the Keras side's
+        state.json), raising CorruptCheckpointError for one it cannot use. Damaged newer ones
+        are passed to ``warn`` and remembered in `damaged`: the next commits of the same names
+        may replace them.
         """
         for info in self.storage.newest_first():
             try:
-                return info, self.fetch(info)
+                local = self.fetch(info)
+                if check is not None:
+                    try:
+                        check(local, info.url)
+                    except CorruptCheckpointError:
+                        self._refused_by[info.name] = check
+                        raise
+                return info, local
             except CorruptCheckpointError as e:
-                warn(str(e))
+                warn(printable(str(e)))
                 self.damaged.add(info.name)
         return None
 

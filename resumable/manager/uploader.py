@@ -37,14 +37,24 @@ CommitFn = Callable[[Path, str, Manifest], CheckpointInfo]
 PAUSE_LIMIT = 300.0  # seconds an upload waits for a serialization at most (a hung save must not stop it)
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class UploadJob:
-    """A checkpoint serialized into ``staged``, to commit as ``name``."""
+    """A checkpoint serialized into ``staged`` (or to be, by ``write``), to commit as ``name``."""
 
     staged: Path
     name: str
     manifest: Manifest
     submitted: float  # time.monotonic()
+    # Writes the files into ``staged`` in the worker thread (a snapshot held in memory); None
+    # once written, so that the memory goes as soon as the files are on disk.
+    write: Callable[[Path], None] | None = None
+
+    def prepare(self) -> None:
+        """Write the files, if they are not yet: a failed earlier try's leftovers are cleared first."""
+        if self.write is not None:
+            shutil.rmtree(self.staged, ignore_errors=True)
+            self.write(self.staged)
+            self.write = None
 
 
 class Uploader:
@@ -116,13 +126,16 @@ class Uploader:
         with self._cond:
             return any(j is not None and j.name == name for j in (self._in_flight, self._waiting))
 
-    def submit(self, staged: Path, name: str, manifest: Manifest) -> None:
+    def submit(self, staged: Path, name: str, manifest: Manifest, *,
+               write: Callable[[Path], None] | None = None) -> None:
         """Queue ``staged`` for committing as ``name`` and return at once.
 
-        A job already waiting is replaced and its staged folder deleted. A job that failed
-        before is queued again ahead of this one, unless this one has the same name.
+        ``write``: called in the worker thread to write the files into ``staged`` first (a
+        snapshot in memory); without it, ``staged`` holds them already. A job already waiting
+        is replaced (its staged folder deleted, its snapshot freed). A job that failed before
+        is queued again ahead of this one, unless this one has the same name.
         """
-        job = UploadJob(Path(staged), name, manifest, time.monotonic())
+        job = UploadJob(Path(staged), name, manifest, time.monotonic(), write)
         with self._cond:
             if self._closed:
                 raise RuntimeError("Uploader.submit after close()")
@@ -175,10 +188,12 @@ class Uploader:
         if threading.current_thread() is self._thread:
             self._unpaused.wait(PAUSE_LIMIT)
 
-    def commit_now(self, staged: Path, name: str, manifest: Manifest) -> CheckpointInfo:
+    def commit_now(self, staged: Path, name: str, manifest: Manifest, *,
+                   write: Callable[[Path], None] | None = None) -> CheckpointInfo:
         """Commit in the calling thread (synchronous mode); errors raise, the staged folder is kept."""
         self.wait()
-        job = UploadJob(Path(staged), name, manifest, time.monotonic())
+        job = UploadJob(Path(staged), name, manifest, time.monotonic(), write)
+        job.prepare()
         info = self._commit(job.staged, job.name, job.manifest)
         self._committed_job(job)
         if self._on_commit is not None:
@@ -265,6 +280,7 @@ class Uploader:
                 return
             try:
                 try:
+                    job.prepare()
                     info = self._commit(job.staged, job.name, job.manifest)
                 except BaseException as e:  # reported at the next wait(), never lost
                     self._failed_job(job, e)
@@ -299,8 +315,10 @@ class Uploader:
             with self._cond:
                 self._lost = error
             return
-        warnings.warn(f"resumable: upload of {job.name} failed: {error}; the local copy {job.staged} "
-                      "is kept and the next save tries again", stacklevel=1)
+        kept = f"the local copy {job.staged}" if job.write is None else "the checkpoint, in memory,"
+        what = "upload" if job.write is None else "save"
+        warnings.warn(f"resumable: {what} of {job.name} failed: {error}; {kept} is kept and the next save "
+                      "tries again", stacklevel=1)
         with self._cond:
             older = self._failed
             self._failed, self._error = job, error

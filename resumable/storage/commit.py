@@ -19,22 +19,32 @@ Commit, in order:
    the checkpoint is committed already (CheckpointExistsError: never overwritten).
 2. Upload each file, streamed and checksummed as it is sent, and check the stored copy's
    size (and CRC32C on GCS) before going on (`transfers`).
-3. Write the manifest create-only (GCS' ``ifGenerationMatch=0``, an exclusive create
-   locally, fsynced with its folder entry), then read it back: a write cut short without an
-   error must not report a commit.
+3. Check the writer still holds the run (`fence`: a fresh read of the lease, so a writer
+   taken over while it uploaded commits nothing). Write the manifest create-only (GCS'
+   ``ifGenerationMatch=0``, an exclusive create locally, fsynced with its folder entry),
+   then read it back: a write cut short without an error must not report a commit.
 4. Update the run index (`index_upkeep`). The checkpoint is committed already: a failure
    here only warns.
 
-Delete, in order: the index first (a failure stops the delete: the index never outlives a
-manifest), then the manifest (a half-done delete reads as partial), then the other files.
+Delete, in order, after the same `fence` check: the index first (a failure stops the delete:
+the index never outlives a manifest), then the manifest (a half-done delete reads as
+partial), then the other files.
+
+Locally (Drive's mount included), two more rules. Durable: a manifest whose fsync (or its
+folder's) failed is removed and written again on the retry, never trusted, and removed when
+the retries run out: after a failed fsync the bytes may never reach the disk, and Drive
+reports a failed upload that way. Never outside the run folder (`local_files`): a symbolic
+link below it is reported (the checkpoint is corrupt), never read, written or emptied
+through; deleting one removes the link alone; a file with another name (a hard link, a
+``cp -al`` backup of the run) is unlinked, never emptied by ``truncate_before_delete``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
-import shutil
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -48,14 +58,23 @@ from resumable.core.errors import (
     StorageError,
     UnsupportedFormatError,
 )
-from resumable.core.manifest import MANIFEST_NAME, Manifest, now_iso
+from resumable.core.manifest import MANIFEST_LIMIT, MANIFEST_NAME, Manifest, now_iso
 from resumable.core.naming import check_name
 from resumable.storage.errors import free_space
 from resumable.storage.folder import RunFolder
 from resumable.storage.index_upkeep import IndexUpkeep
 from resumable.storage.listing import Listing
-from resumable.storage.local_files import fsync
-from resumable.storage.records import CheckpointInfo, checked_info, committed_info
+from resumable.storage.local_files import (
+    LINK_PROBLEM,
+    LinkInRunError,
+    check_inside,
+    empty_inside,
+    fsync,
+    make_parents_inside,
+    remove_folder_inside,
+    remove_inside,
+)
+from resumable.storage.records import CheckpointInfo, checked_info, committed_info, manifest_readable
 from resumable.storage.transfers import Transfers
 
 logger = logging.getLogger("resumable")
@@ -69,6 +88,9 @@ class Committer:
         self._listing = listing
         self._index = index
         self._transfers = transfers
+        # Called right before a manifest is written and before each delete: the writer's fresh
+        # check that the run is still its own (`Lease.fence`). None: no writer lease to check.
+        self.fence: Callable[[], None] | None = None
 
     def commit(self, local_dir: str | Path, name: str, manifest: Manifest, *, progress: bool,
                between_chunks: Callable[[], None] | None) -> CheckpointInfo:
@@ -92,6 +114,7 @@ class Committer:
                 entries[rel] = self._transfers.upload(path, name, rel, progress=progress,
                                                       between_chunks=between_chunks or _go_on)
             manifest = replace(manifest, files=entries, created=now_iso())
+            self._check_fence()
             self._write_manifest(name, manifest.to_json())
         except NoSpaceError as e:
             needed = human_size(sum(path.stat().st_size for path in files.values()))
@@ -107,22 +130,41 @@ class Committer:
         """Delete a checkpoint folder: the index entry, the manifest, then the other files."""
         folder = self._folder
         check_name(name)
+        self._check_fence()
         files = folder.listing(folder.path(name)).get(name, {})
         if MANIFEST_NAME in files:
             self._index.update(remove=name)  # before the manifest goes: the index never outlives it
         for rel in sorted(files, key=lambda rel: rel != MANIFEST_NAME):  # the manifest first
             path = folder.path(name, rel)
             with folder.errors(folder.url_of(name, rel)):
-                if folder.truncate_before_delete:
+                if folder.is_local:
+                    # Never through a link, never emptying a file that has another name (a `cp -al`
+                    # backup of the run): see local_files. A link itself is unlinked, its target kept.
+                    try:
+                        check = empty_inside if folder.truncate_before_delete else check_inside
+                        folder.call(functools.partial(check, folder.root, path), f"delete {rel}")
+                    except LinkInRunError:
+                        continue  # a folder on the way became a link: removed with the folder below
+                elif folder.truncate_before_delete:
                     # Drive's trash keeps deleted files and counts them against the quota.
                     folder.call(functools.partial(folder.fs.pipe_file, path, b""), f"truncate {rel}")
                 folder.call(functools.partial(folder.fs.rm_file, path), f"delete {rel}")
         if folder.is_local:
-            shutil.rmtree(folder.path(name), ignore_errors=True)
+            with folder.errors(folder.url_of(name)):  # what is left; a link there is unlinked, not followed
+                folder.call(functools.partial(remove_folder_inside, folder.root, folder.path(name)),
+                            f"delete {name}")
+
+    def _check_fence(self) -> None:
+        if self.fence is not None:
+            self.fence()
 
     def _clear_leftovers(self, name: str) -> None:
         """Remove an interrupted or corrupt commit of ``name``; refuse to touch a committed one."""
         folder = self._folder
+        if folder.has_link(folder.path(name)):
+            logger.warning("resumable: removing %s: %s", folder.url_of(name), LINK_PROBLEM)
+            self.delete(name)  # the link alone: files are never written through it
+            return
         files = folder.listing(folder.path(name)).get(name)
         if not files:
             # Listings can lag behind writes (Drive seen from another VM): a manifest that reads
@@ -139,7 +181,9 @@ class Committer:
                 "write to a new folder"
             )
         if MANIFEST_NAME in files:
-            blob = folder.read(folder.path(name, MANIFEST_NAME))
+            # An oversized manifest is corrupt from its listed size alone: never read whole.
+            readable = manifest_readable(files)
+            blob = folder.read(folder.path(name, MANIFEST_NAME), MANIFEST_LIMIT) if readable else None
             info = checked_info(name, folder.url_of(name), files, blob)
             if info.ok or _newer_format(blob):
                 raise CheckpointExistsError(
@@ -157,27 +201,43 @@ class Committer:
         path = folder.path(name, MANIFEST_NAME)
         url = folder.url_of(name, MANIFEST_NAME)
 
+        created = written = False  # by a try of ours (locally): its file is ours to remove
+
         def write() -> None:
-            if folder.is_local:
-                os.makedirs(os.path.dirname(path), exist_ok=True)
-                with folder.fs.open(path, "xb") as f:  # exclusive create, as GCS' ifGenerationMatch=0
-                    f.write(data)
-                fsync(path)
-                fsync(os.path.dirname(path))  # the folder entry, so the manifest survives a crash
-            else:
+            nonlocal created, written
+            if not folder.is_local:
                 folder.fs.pipe_file(path, data, mode="create")
+                return
+            make_parents_inside(folder.root, path)
+            if created:
+                # An earlier try created it, then failed (a mount's EIO on fsync): after a failed
+                # fsync its bytes may never reach the disk, and a second fsync may report success
+                # all the same. Written again from scratch, never trusted.
+                remove_inside(folder.root, path, truncate=False)
+                created = written = False
+            with folder.fs.open(path, "xb") as f:  # exclusive create, as GCS' ifGenerationMatch=0
+                created = True
+                f.write(data)
+            written = True
+            fsync(path)
+            fsync(os.path.dirname(path))  # the folder entry, so the manifest survives a crash
 
         try:
             with folder.errors(url):
                 folder.call(write, "write manifest")
         except FileExistsError as e:
-            # A retry after a transient error (Drive's EIO, a GCS 503) whose first try did
-            # land finds our own manifest: that is success, not a second writer.
+            # A retry after a transient error (a GCS 503) whose first try did land finds our
+            # own manifest: that is success, not a second writer. (Locally ours is rewritten.)
             if folder.read(path) == data:
                 return
             raise CheckpointExistsError(
                 f"{url} appeared while committing: another process is writing this run folder"
             ) from e
+        except (OSError, KeyboardInterrupt):
+            if written:  # whole but not known durable (an outage past the retries): it must not
+                with contextlib.suppress(OSError):  # read as committed; a torn one reads as corrupt
+                    remove_inside(folder.root, path, truncate=False)
+            raise
         # A damaged manifest makes the folder corrupt (never used); the next save replaces it.
         stored = folder.read(path)
         if stored != data:
@@ -186,9 +246,9 @@ class Committer:
                                "the next save tries again")
 
 
-def _newer_format(blob: bytes | Exception) -> bool:
+def _newer_format(blob: bytes | Exception | None) -> bool:
     """True for a manifest this version cannot read because a newer one wrote it."""
-    if isinstance(blob, Exception):
+    if not isinstance(blob, bytes):
         return False
     try:
         Manifest.from_json(blob, "")

@@ -10,6 +10,7 @@ out of every message.
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import re
 import shutil
@@ -36,6 +37,11 @@ _SECRET_PARAM = re.compile(
     re.IGNORECASE,
 )
 _BEARER = re.compile(r"\b(bearer)\s+[\w.~+/=-]+", re.IGNORECASE)
+# Google OAuth access tokens ("ya29.") and refresh tokens ("1//"), wherever a library quotes them.
+_GOOGLE_TOKEN = re.compile(r"\b(ya29\.|1//)[\w.~+/=-]+")
+# Loggers of libraries whose error records carry tracebacks (gcsfs logs one per failed retry
+# loop) that the ResumableError raised right after says in one line.
+QUIETED_LOGGERS = ("gcsfs",)
 
 
 def translate(e: Exception, where: str, url: str, root: str, *, is_gcs: bool, is_local: bool) -> Exception:
@@ -88,7 +94,28 @@ def redact(text: str, *secrets: str) -> str:
     for secret in secrets:
         if secret:
             text = text.replace(secret, "<redacted>")
-    return _BEARER.sub(r"\1 <redacted>", _SECRET_PARAM.sub(r"\1=<redacted>", text))
+    text = _BEARER.sub(r"\1 <redacted>", _SECRET_PARAM.sub(r"\1=<redacted>", text))
+    return _GOOGLE_TOKEN.sub(r"\1<redacted>", text)
+
+
+class OneLineRedacted(logging.Filter):
+    """Log records as one redacted line: no traceback, no token, no upload session URL."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and record.exc_info[1] is not None:
+            error = record.exc_info[1]
+            record.msg, record.args = f"{record.getMessage()} ({type(error).__name__})", None
+        record.exc_info, record.exc_text, record.stack_info = None, None, None
+        record.msg, record.args = " ".join(redact(record.getMessage()).split()), None
+        return True
+
+
+def quiet_library_logs() -> None:
+    """Give the resumable and gcsfs loggers the `OneLineRedacted` filter (once)."""
+    for name in ("resumable", *QUIETED_LOGGERS):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, OneLineRedacted) for f in logger.filters):
+            logger.addFilter(OneLineRedacted())
 
 
 def free_space(path: str) -> str:
@@ -121,4 +148,7 @@ class BoundedRequest:
         return self._request(*args, **kwargs)
 
 
-__all__ = ["NO_SPACE_ERRNOS", "BoundedRequest", "free_space", "in_colab", "redact", "translate"]
+__all__ = [
+    "NO_SPACE_ERRNOS", "BoundedRequest", "OneLineRedacted", "free_space", "in_colab", "quiet_library_logs",
+    "redact", "translate",
+]

@@ -16,9 +16,11 @@ from typing import Any, TypeVar
 
 from resumable.core.checksum import crc32c_from_gcs
 from resumable.core.errors import NotAFolderError, ResumableError, StorageError
+from resumable.core.manifest import MANIFEST_NAME, is_safe_relative
+from resumable.core.naming import is_plain_name
 from resumable.storage import gcsfs_compat
-from resumable.storage.errors import BoundedRequest, translate
-from resumable.storage.local_files import fsync
+from resumable.storage.errors import BoundedRequest, quiet_library_logs, translate
+from resumable.storage.local_files import LINK_PROBLEM, LinkInRunError, clear_for_write, fsync, link_below
 from resumable.storage.mounts import check_drive_mounted
 from resumable.storage.records import ListedFile
 from resumable.storage.retry import RetryPolicy
@@ -30,6 +32,8 @@ os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 import fsspec  # noqa: E402  (after the environment default above)
 
 T = TypeVar("T")
+
+quiet_library_logs()  # gcsfs' failed-retry tracebacks and any token become one redacted line
 
 READ_THREADS = 16  # files read at once from a blocking filesystem (local disk, Drive)
 DRIVE_MOUNT = "/content/drive/"
@@ -89,8 +93,7 @@ class RunFolder:
 
     def call(self, fn: Callable[[], T], what: str) -> T:
         """``fn()`` with retries of transient errors, after the one-time credentials check."""
-        if not self._credentials_checked:
-            self._check_credentials()
+        self.check_credentials()
         return self.retry.call(fn, what)
 
     @contextlib.contextmanager
@@ -106,13 +109,15 @@ class RunFolder:
                 raise error from None  # its line says it all (not found, no space...): no library chain
             raise error from e
 
-    def _check_credentials(self) -> None:
+    def check_credentials(self) -> None:
         """Refresh Google credentials once, before the first request, and fail fast.
 
         gcsfs retries a failed token refresh six times with backoff up to 32 s, and logs a
         traceback each time: the minute-long hang users see in Colab when not authenticated.
         One refresh here, outside those retries, turns it into one NotAuthenticatedError line.
         """
+        if self._credentials_checked:
+            return
         found = gcsfs_compat.google_credentials(self.fs)
         if found is not None:
             credentials, lock = found
@@ -132,12 +137,14 @@ class RunFolder:
                 return os.path.isdir(self.root)
             return bool(self.list_files()) or self.call(lambda: bool(self.fs.isdir(self.root)), "stat")
 
-    def read(self, path: str) -> bytes | Exception:
-        """The bytes of ``path``, or the FileNotFoundError when it is gone (other errors raise)."""
+    def read(self, path: str, limit: int | None = None) -> bytes | Exception:
+        """The bytes of ``path``, or the FileNotFoundError when it is gone, or the LinkInRunError
+        when it is a link (other errors raise). With ``limit``, at most ``limit + 1`` bytes are
+        read: enough to tell a file over the limit, never a hostile 400 MB file whole."""
         try:
             with self.errors(path):
-                return self.call(lambda: bytes(self.fs.cat_file(path)), "read manifest")
-        except FileNotFoundError as e:  # deleted between listing and reading
+                return self.call(lambda: self._cat(path, limit), "read manifest")
+        except (FileNotFoundError, LinkInRunError) as e:  # deleted between listing and reading; a link
             return e
 
     def read_many(self, paths: list[str]) -> dict[str, bytes | Exception]:
@@ -161,9 +168,27 @@ class RunFolder:
 
     def _read_once(self, path: str) -> bytes | Exception:
         try:
-            return bytes(self.fs.cat_file(path))
+            return self._cat(path)
         except Exception as e:  # reported per path, like fs.cat(on_error="return")
             return e
+
+    def has_link(self, path: str) -> bool:
+        """Locally: True when ``path``, or a folder between the run folder and it, is a symbolic link."""
+        if not self.is_local or path == self.root:
+            return False
+        with self.errors(path):
+            return self.call(lambda: link_below(self.root, path), "stat")
+
+    def _cat(self, path: str, limit: int | None = None) -> bytes:
+        """The bytes of ``path`` (the first ``limit + 1`` of them, with ``limit``); locally never
+        through a link below the run folder (LinkInRunError)."""
+        if self.is_local and link_below(self.root, path):  # then read through fs: wrappers see each read
+            raise LinkInRunError(f"{path}: {LINK_PROBLEM}")
+        if limit is not None:
+            if self.is_local:  # a read sets its size aside first: ask for no more than the file holds
+                limit = min(limit, os.stat(path).st_size)
+            return bytes(self.fs.cat_file(path, start=0, end=limit + 1))  # one ranged read
+        return bytes(self.fs.cat_file(path))
 
     def replace_file(self, path: str, data: bytes) -> None:
         """Overwrite a small file in one step: readers see the old or the new bytes, never a mix."""
@@ -171,10 +196,17 @@ class RunFolder:
             self.fs.pipe_file(path, data)  # one object write: atomic on GCS
             return
         temporary = f"{path}.{os.getpid()}.tmp"
-        with self.fs.open(temporary, "wb") as f:
-            f.write(data)
-        fsync(temporary)
-        os.replace(temporary, path)  # a crash leaves the old file and a stray .tmp, never half a file
+        clear_for_write(self.root, temporary)  # a link planted at that name is removed, not written through
+        try:
+            with self.fs.open(temporary, "wb") as f:
+                f.write(data)
+            fsync(temporary)  # EIO raises: a retry writes it all again
+            os.replace(temporary, path)  # a crash leaves the old file and a stray .tmp, never half a file
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
+            raise
+        fsync(os.path.dirname(path))  # the new folder entry, so the new bytes survive a crash
 
     def strip(self, path: str) -> str:
         """A path as listings and reads name it: without the protocol or a trailing "/"."""
@@ -185,6 +217,8 @@ class RunFolder:
     def list_files(self, path: str | None = None) -> dict[str, dict[str, Any]]:
         """Every file under ``path`` (the run folder by default) with its details: one recursive listing."""
         path = path or self.root
+        if self.has_link(path):
+            return {}  # a checkpoint folder that is a link: never listed through (`Listing.get` says so)
         with self.errors(self.url):
             if self.is_gcs:
                 self.fs.invalidate_cache(path)  # another process may have written since
@@ -206,6 +240,8 @@ class RunFolder:
             name, _, rel = full[len(prefix):].partition("/")
             if not rel:
                 continue  # a file directly in the run folder (a lease, the index) is no checkpoint
+            if not is_plain_name(name) or not (rel == MANIFEST_NAME or is_safe_relative(rel)):
+                continue  # `..` in an object name: never a checkpoint's file, never touched
             grouped.setdefault(name, {})[rel] = listed_file(detail)
         return grouped
 
@@ -236,7 +272,7 @@ class RunFolder:
                     )
                 continue
             name = path.rsplit("/", 1)[-1]
-            if path != self.root and name:
+            if path != self.root and is_plain_name(name):
                 names.append(name)
         return names
 
@@ -256,4 +292,5 @@ def listed_file(detail: dict[str, Any]) -> ListedFile:
         size=int(detail.get("size") or 0),
         crc32c=crc32c_from_gcs(crc) if isinstance(crc, str) and crc else None,
         modified=modified if isinstance(modified, datetime) else None,
+        link=bool(detail.get("islink")),  # local listings never descend into a link
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from resumable.core.naming import is_plain_name
 from resumable.storage import gcsfs_compat
 
 
@@ -21,4 +22,4 @@ async def folder_names(fs: Any, path: str) -> list[str]:
     _, key = gcsfs_compat.split_path(fs, path)
     start = len(key.rstrip("/")) + 1 if key else 0
     prefixes = await gcsfs_compat.folder_prefixes(fs, path)
-    return [name for name in (prefix[start:].rstrip("/") for prefix in prefixes) if name]
+    return [name for name in (prefix[start:].rstrip("/") for prefix in prefixes) if is_plain_name(name)]

@@ -18,16 +18,20 @@ from typing import Any
 from resumable.storage.gcs_client import client_for
 
 
-def read_with_generation(fs: Any, path: str) -> tuple[bytes, str]:
-    """The bytes of object ``path`` (``bucket/key``) and their generation; FileNotFoundError if absent."""
+def read_with_generation(fs: Any, path: str, limit: int | None = None) -> tuple[bytes, str]:
+    """The bytes of object ``path`` (``bucket/key``) and their generation; FileNotFoundError if absent.
+
+    With ``limit``, at most ``limit + 1`` bytes: enough to tell an object over the limit.
+    """
+    window = {} if limit is None else {"start": 0, "end": limit}  # inclusive: limit + 1 bytes
     from google.api_core.exceptions import NotFound, PreconditionFailed
 
     blob = client_for(fs).blob(fs, path)
     try:
-        data = blob.download_as_bytes(retry=None)
+        data = blob.download_as_bytes(**window, retry=None)
         if blob.generation is None:  # a server that omits X-Goog-Generation: read again, pinned
             blob.reload(retry=None)
-            data = blob.download_as_bytes(if_generation_match=blob.generation, retry=None)
+            data = blob.download_as_bytes(**window, if_generation_match=blob.generation, retry=None)
     except NotFound:
         raise FileNotFoundError(errno.ENOENT, "no such object", path) from None
     except PreconditionFailed:  # replaced between the two reads: worth another try

@@ -8,7 +8,9 @@ that names the installed gcsfs. (`gcs_client` hands gcsfs' credentials to google
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import os
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -52,9 +54,38 @@ async def ls(fs: Any, path: str) -> list[dict[str, Any]]:
     return entries
 
 
-async def cat_file(fs: Any, path: str) -> bytes:
-    """``fs.cat_file(path)``, awaited (only where `awaits_listing_and_reads`)."""
-    return bytes(await fs._cat_file(path))
+async def cat_file(fs: Any, path: str, limit: int | None = None) -> bytes:
+    """``fs.cat_file(path)``, awaited (only where `awaits_listing_and_reads`); with ``limit``, its
+    first ``limit + 1`` bytes at most (one ranged read)."""
+    if limit is None:
+        return bytes(await fs._cat_file(path))
+    return bytes(await fs._cat_file(path, start=0, end=limit + 1))
+
+
+async def get_file_in_slices(fs: Any, path: str, local: str, size: int, *, piece: int, at_once: int,
+                             on_piece: Callable[[int], None]) -> None:
+    """Download ``path`` (``size`` bytes) to ``local`` as ranged reads of ``piece`` bytes,
+    ``at_once`` of them in flight: one stream's throughput times several, and at most
+    ``piece * at_once`` bytes in memory. ``on_piece(n)`` after each piece lands."""
+    slots = asyncio.Semaphore(at_once)
+    fd = os.open(local, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        async def fetch(start: int) -> None:
+            async with slots:
+                data = await fs._cat_file(path, start=start, end=min(start + piece, size))
+                os.pwrite(fd, data, start)
+            on_piece(len(data))
+
+        tasks = [asyncio.ensure_future(fetch(start)) for start in range(0, size, piece)]
+        try:
+            await asyncio.gather(*tasks)
+        except BaseException:  # stop the other pieces before the file closes under them
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
+    finally:
+        os.close(fd)
 
 
 def run(fs: Any, coroutine: Callable[[], Awaitable[T]]) -> T:

@@ -22,8 +22,8 @@ logger = logging.getLogger("resumable")
 
 
 def read_index(folder: RunFolder) -> dict[str, IndexRow]:
-    """The run index's good rows by checkpoint name; {} when it is missing or unusable."""
-    blob = folder.read(folder.path(INDEX_NAME))
+    """The run index's good rows by checkpoint name; {} when it is missing, unusable or too large."""
+    blob = folder.read(folder.path(INDEX_NAME), limit=run_index.INDEX_LIMIT)
     return {} if isinstance(blob, Exception) else run_index.decode(blob)
 
 

@@ -20,8 +20,10 @@ a version that renewed every minute) is refused at once, its message saying when
 A live process on this machine is refused at once. Every change is a compare-and-swap (a GCS generation
 precondition; locally a read-compare-replace under ``flock``), so two contenders never
 both win and a release never deletes another holder's lease. A holder that finds its lease
-taken over stops writing (`LeaseLostError`). Readers (list, inspect, verify, resume's
-loading) need no lease.
+taken over stops writing (`LeaseLostError`). Where a mount has no hard links, lease.json
+exists for a moment before its bytes do: an unreadable lease younger than `TORN_GRACE` is
+being written, and is waited for, never taken over (`Lease._torn_settled`). Readers (list,
+inspect, verify, resume's loading) need no lease.
 
 Example:
 
@@ -51,6 +53,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from resumable.core import safe_json
 from resumable.core.errors import LeaseHeldError, LeaseLostError, ResumableError
 from resumable.storage import RunStorage
 from resumable.storage.progress import WaitLine
@@ -66,6 +69,8 @@ OLD_RENEWALS_PER_TIMEOUT = 10  # leases that do not record their interval renewe
 MAX_WAIT = 120.0  # a contender waits for another machine's silent lease to go stale at most this long
 MIN_WATCH = 1.5  # and watches it for at least this many of its renewal intervals (clock skew)
 ACQUIRE_TRIES = 5  # contenders racing on the file: each lost race re-reads it
+TORN_GRACE = 10.0  # an unreadable lease.json this young (by its mtime) may still be being written
+TORN_POLL = 0.2  # seconds between reads while one is watched
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,23 +97,24 @@ class LeaseInfo:
 
     @classmethod
     def from_json(cls, blob: bytes) -> LeaseInfo | None:
-        """The lease, or None when the bytes are not a lease (a torn write, a stray file)."""
+        """The lease, or None when the bytes are not a lease (a torn write, a stray file, a
+        hand-edited or hostile one: too large, not strict JSON, a field of the wrong type)."""
         try:
-            raw = json.loads(blob)
-            if raw.get("format") != LEASE_FORMAT:
+            raw = safe_json.loads(blob, safe_json.LEASE_LIMIT)
+            if type(raw) is not dict or raw.get("format") != LEASE_FORMAT:
                 return None
-            timeout = float(raw["timeout"])
-            interval = raw.get("renew_interval")
-            return cls(
-                token=str(raw["token"]), host=str(raw["host"]), pid=int(raw["pid"]),
+            timeout = _lease_number(raw["timeout"])
+            info = cls(
+                token=_lease_text(raw["token"]), host=_lease_text(raw["host"]), pid=_lease_pid(raw["pid"]),
                 started=_parse_iso(raw["started"]), renewed=_parse_iso(raw["renewed"]),
-                timeout=timeout if math.isfinite(timeout) and timeout > 0 else DEFAULT_TIMEOUT,
+                timeout=timeout if timeout > 0 else DEFAULT_TIMEOUT,
                 process_start=_optional_int(raw.get("process_start")),
-                boot_id=str(raw["boot_id"]) if raw.get("boot_id") else None,
-                renew_interval=float(interval) if isinstance(interval, (int, float)) and not isinstance(
-                    interval, bool) and math.isfinite(interval) and interval > 0 else None,
+                boot_id=_lease_text(raw["boot_id"]) if raw.get("boot_id") else None,
+                renew_interval=_positive_or_none(raw.get("renew_interval")),
             )
-        except (ValueError, TypeError, KeyError, AttributeError):
+            info.expires  # noqa: B018 - a renewal time or timeout no datetime holds (OverflowError)
+            return info
+        except (ValueError, TypeError, KeyError, AttributeError, OverflowError):
             return None
 
     @property
@@ -284,6 +290,21 @@ class Lease:
         if self.lost is not None:
             raise LeaseLostError(self.lost)
 
+    def fence(self) -> None:
+        """Read the lease afresh right before a write that must be ours alone (a manifest, a delete).
+
+        The renewal thread notices a takeover only every ``renew_interval``; a writer frozen
+        (a suspended VM, a long upload) past its timeout must not commit or delete in between.
+        LeaseLostError once another process holds the run. A no-op while no lease is held:
+        a one-off write forced past a live writer (`RunManager.writing(force=True)`).
+        """
+        with self._lock:
+            self.check()
+            if self.info is None:
+                return
+            if self._still_ours() is None:
+                self._lose()
+
     def release(self) -> None:
         """Stop renewing and delete the lease, only if it is still ours. Never raises."""
         self.stop_renewing()
@@ -341,6 +362,8 @@ class Lease:
         was watched (`_watch`) and must be looked at again.
         """
         if holder is None:
+            if not takeover and not self._torn_settled(version):
+                return None  # written meanwhile: look again
             logger.warning("resumable: %s is not a readable lease; taking it over", self._url)
         elif holder.mine():
             logger.info("resumable: taking over the writer lease an earlier fit of this process held")
@@ -361,6 +384,27 @@ class Lease:
                 raise self._held(holder)
             return self._watch(holder, version, wait)
         return version
+
+    def _torn_settled(self, version: Any) -> bool:
+        """Whether an unreadable lease.json (at ``version``) may be replaced: False when it changed.
+
+        Where the mount has no hard links, `create_whole` creates the file, then writes it: a
+        contender may read it empty or half-written for a moment, and must not take over a lease
+        that is being taken. So one younger than `TORN_GRACE` (by its mtime; one dated in the
+        future counts as just written) is watched until it is that old; GCS objects appear whole.
+        """
+        age = self.storage.run_file_age(LEASE_NAME)
+        if age is None or age >= TORN_GRACE:
+            return True
+        deadline = time.monotonic() + TORN_GRACE - max(age, 0.0)
+        logger.info("resumable: %s is not a readable lease yet; waiting up to %.0f s for it to be written",
+                    self._url, deadline - time.monotonic())
+        while (left := deadline - time.monotonic()) > 0:
+            time.sleep(min(TORN_POLL, left))
+            found = self.storage.read_run_file(LEASE_NAME)
+            if found is None or found[1] != version:
+                return False
+        return True
 
     def _watch(self, holder: LeaseInfo, version: Any, wait: float) -> Any | None:
         """Watch another machine's lease for up to ``wait`` seconds, saying so on stderr.
@@ -503,12 +547,42 @@ def _iso(moment: dt.datetime) -> str:
 
 
 def _parse_iso(text: Any) -> dt.datetime:
-    moment = dt.datetime.fromisoformat(str(text).replace("Z", "+00:00"))
+    moment = dt.datetime.fromisoformat(_lease_text(text).replace("Z", "+00:00"))
     return moment if moment.tzinfo else moment.replace(tzinfo=dt.timezone.utc)
 
 
 def _optional_int(value: Any) -> int | None:
-    return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
+    return value if type(value) is int and abs(value) <= MAX_LEASE_INT else None
+
+
+# Checks of lease.json's fields (`LeaseInfo.from_json`): each raises TypeError or ValueError.
+
+MAX_LEASE_INT = 2**63 - 1  # process ids and start times are far smaller
+
+
+def _lease_text(value: Any) -> str:
+    if type(value) is not str or len(value) > 1024:
+        raise TypeError("a lease field must be a short string")
+    return value
+
+
+def _lease_pid(value: Any) -> int:
+    if type(value) is not int or not 0 < value < 2**31:  # os.kill() takes nothing else
+        raise ValueError("a lease's pid must be a positive integer")
+    return value
+
+
+def _lease_number(value: Any) -> float:
+    """A finite number (strict JSON holds no NaN or infinity; 1e400 is refused while parsing)."""
+    if type(value) not in (int, float) or not math.isfinite(value):
+        raise TypeError("a lease's timeout must be a number")
+    return float(value)
+
+
+def _positive_or_none(value: Any) -> float | None:
+    if type(value) not in (int, float) or not math.isfinite(value) or value <= 0:
+        return None  # absent in leases of older versions
+    return float(value)
 
 
 def _show(moment: dt.datetime) -> str:

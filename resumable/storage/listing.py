@@ -7,12 +7,14 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
-from resumable.core.manifest import MANIFEST_NAME
-from resumable.core.naming import NameTemplate
+from resumable.core.display import printable
+from resumable.core.manifest import MANIFEST_LIMIT, MANIFEST_NAME
+from resumable.core.naming import NameTemplate, check_name
 from resumable.storage import gcs_listing, gcsfs_compat, run_index
 from resumable.storage.folder import RunFolder
 from resumable.storage.index_upkeep import indexed_infos, read_index
-from resumable.storage.records import CheckpointInfo, ListedFile, checked_info
+from resumable.storage.local_files import LINK_PROBLEM
+from resumable.storage.records import CheckpointInfo, ListedFile, Status, checked_info, manifest_readable
 
 logger = logging.getLogger("resumable")
 
@@ -72,24 +74,29 @@ class Listing:
         newer = self._partial_newer_than(listing, keys[ordered[0]] if ordered else None)
         for name in newer:
             logger.warning("resumable: ignoring %s: no manifest (an interrupted save)",
-                           self._folder.url_of(name))
+                           printable(self._folder.url_of(name)))
         older = sorted(name for name, files in listing.items()
                        if MANIFEST_NAME not in files and name not in newer)
         if older:  # leftovers, never restored: said once, at info level, as `prune` would delete them
             logger.info("resumable: %d older partial folder(s) in %s, never restored: %s; retention or "
-                        "`resumable prune` deletes them", len(older), self._folder.url, ", ".join(older[:5]))
+                        "`resumable prune` deletes them", len(older), self._folder.url,
+                        printable(", ".join(older[:5])))
         for name in ordered:
             info = infos.get(name) or self._check(name, listing[name])
             if info.ok:
                 yield info
             else:
-                logger.warning("resumable: skipping %s: %s", info.url, info.problem)
+                logger.warning("resumable: skipping %s: %s", printable(info.url), info.problem)
 
     def get(self, name: str) -> CheckpointInfo | None:
         """One checkpoint by folder name, with its status; None when the folder holds nothing."""
+        check_name(name)
         files = self._folder.listing(self._folder.path(name)).get(name)
         if not files:
             self._folder.list_files()  # raises NotAFolderError if the run folder is a file
+            if self._folder.has_link(self._folder.path(name)):
+                return CheckpointInfo(name, self._folder.url_of(name), Status.CORRUPT, None,
+                                      f"the folder is {LINK_PROBLEM}")
             return None
         return self._check(name, files)
 
@@ -118,14 +125,15 @@ class Listing:
     def _check(self, name: str, files: dict[str, ListedFile]) -> CheckpointInfo:
         """One folder checked: its manifest read alone."""
         folder = self._folder
-        blob = folder.read(folder.path(name, MANIFEST_NAME)) if MANIFEST_NAME in files else None
+        readable = manifest_readable(files)  # one too large is corrupt, unread
+        blob = folder.read(folder.path(name, MANIFEST_NAME), MANIFEST_LIMIT) if readable else None
         return checked_info(name, folder.url_of(name), files, blob)
 
     def _checked(self, listing: dict[str, dict[str, ListedFile]], names: list[str]) -> list[CheckpointInfo]:
         """The folders ``names`` of ``listing`` checked, their manifests read at once."""
         folder = self._folder
-        manifests = {name: folder.path(name, MANIFEST_NAME)
-                     for name in names if MANIFEST_NAME in listing[name]}
+        manifests = {name: folder.path(name, MANIFEST_NAME)  # one too large is corrupt, unread
+                     for name in names if manifest_readable(listing[name])}
         blobs = folder.read_many(list(manifests.values()))
         return [checked_info(name, folder.url_of(name), listing[name],
                              blobs.get(manifests[name]) if name in manifests else None) for name in names]
@@ -144,6 +152,8 @@ class Listing:
             names = folder.folder_names()
             return names, indexed_infos(folder, read_index(folder)) if names else {}
         fs = folder.fs
+        with folder.errors(folder.url):
+            folder.check_credentials()  # gcsfs alone would retry a failed refresh for a minute
 
         async def folder_names() -> list[str]:
             if folder.is_gcs:
@@ -153,7 +163,7 @@ class Listing:
         async def indexed() -> dict[str, CheckpointInfo]:
             # Built here, on the event loop, while the listing's answer is still on its way:
             # the server's time to list the folder then pays for most of this work.
-            blob = await gcsfs_compat.cat_file(fs, folder.path(run_index.INDEX_NAME))
+            blob = await gcsfs_compat.cat_file(fs, folder.path(run_index.INDEX_NAME), run_index.INDEX_LIMIT)
             return indexed_infos(folder, run_index.decode(blob))
 
         async def both() -> tuple[list[str] | BaseException, dict[str, CheckpointInfo] | BaseException]:

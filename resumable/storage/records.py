@@ -7,8 +7,10 @@ from datetime import datetime
 from enum import Enum
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from resumable.core.display import human_size, printable
 from resumable.core.errors import CorruptCheckpointError
-from resumable.core.manifest import MANIFEST_NAME, FileEntry, Manifest
+from resumable.core.manifest import MANIFEST_LIMIT, MANIFEST_NAME, UNUSABLE, FileEntry, Manifest
+from resumable.storage.local_files import LINK_PROBLEM
 from resumable.storage.run_index import IndexRow
 
 
@@ -29,6 +31,7 @@ class ListedFile(NamedTuple):  # a tuple: `list` makes one per file of every che
     size: int
     crc32c: str | None  # only where the listing carries it (GCS)
     modified: datetime | None
+    link: bool = False  # a symbolic link (local listings): never read, so never part of a good checkpoint
 
 
 @dataclass(frozen=True, init=False)
@@ -145,26 +148,43 @@ _OK = Status.OK  # `ok` is read for every checkpoint, and looking a member up on
 
 def checked_info(name: str, url: str, listed: dict[str, ListedFile], blob: bytes | Exception | None
                  ) -> CheckpointInfo:
-    """A folder's status from its listed files and its manifest's bytes (None: no manifest)."""
+    """A folder's status from its listed files and its manifest's bytes (None: no manifest).
+
+    Problems are `printable`: they quote names from the run folder, and end up on terminals.
+    """
+    stored = listed.get(MANIFEST_NAME)
+    if stored is not None and stored.size > MANIFEST_LIMIT:  # never read (`manifest_readable`)
+        problem = (f"manifest is {human_size(stored.size)}, larger than any real one "
+                   f"(at most {human_size(MANIFEST_LIMIT)}); {UNUSABLE}")
+        return CheckpointInfo(name, url, Status.CORRUPT, None, problem, listed)
     if blob is None or isinstance(blob, FileNotFoundError):
         return CheckpointInfo(name, url, Status.PARTIAL, None, "no manifest (an interrupted save)", listed)
     if isinstance(blob, Exception):
-        return CheckpointInfo(name, url, Status.CORRUPT, None, f"manifest unreadable: {blob}", listed)
+        return CheckpointInfo(name, url, Status.CORRUPT, None, printable(f"manifest unreadable: {blob}"),
+                              listed)
     try:
-        manifest = Manifest.from_json(blob, f"{url}/{MANIFEST_NAME}")
-    except CorruptCheckpointError as e:
-        return CheckpointInfo(name, url, Status.CORRUPT, None, str(e).split(": ", 1)[-1], listed)
+        manifest = Manifest.from_json(blob, "")
+    except CorruptCheckpointError as e:  # "": the message without a place, which the info names
+        return CheckpointInfo(name, url, Status.CORRUPT, None, printable(str(e).removeprefix(": ")), listed)
     problems = []
     for rel, entry in manifest.files.items():
         found = listed.get(rel)
         if found is None:
             problems.append(f"{rel} missing")
+        elif found.link:
+            problems.append(f"{rel} is {LINK_PROBLEM}")
         elif found.size != entry.size:
             problems.append(f"{rel} has {found.size} bytes, manifest says {entry.size}")
         elif found.crc32c is not None and found.crc32c != entry.crc32c:
             problems.append(f"{rel} crc32c {found.crc32c}, manifest says {entry.crc32c}")
     status = Status.CORRUPT if problems else Status.OK
-    return CheckpointInfo(name, url, status, manifest, "; ".join(problems), listed)
+    return CheckpointInfo(name, url, status, manifest, printable("; ".join(problems)), listed)
+
+
+def manifest_readable(files: dict[str, ListedFile]) -> bool:
+    """True when a folder's listing shows a manifest small enough to read (see `checked_info`)."""
+    found = files.get(MANIFEST_NAME)
+    return found is not None and found.size <= MANIFEST_LIMIT
 
 
 def indexed_info(name: str, url: str, row: IndexRow) -> CheckpointInfo:

@@ -11,13 +11,16 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
 from resumable.core.naming import check_name
 from resumable.storage import gcs_objects
 from resumable.storage.folder import RunFolder
-from resumable.storage.local_files import create_whole, fsync
+from resumable.storage.local_files import create_whole
+
+READ_LIMIT = 1024 * 1024  # a run file (the lease) is a few hundred bytes; more is read no further
 
 
 class RunFiles:
@@ -47,8 +50,8 @@ class RunFiles:
 
         def read() -> tuple[bytes, Any]:
             if self.is_gcs:
-                return gcs_objects.read_with_generation(self.fs, path)
-            data = bytes(self.fs.cat_file(path))
+                return gcs_objects.read_with_generation(self.fs, path, READ_LIMIT)
+            data = self._read_bounded(path)
             return data, data
 
         try:
@@ -91,9 +94,7 @@ class RunFiles:
             with self._run_file_locked(path):
                 if self._current(path) != version:
                     return None
-                self._folder.replace_file(path, data)
-                if self.is_local:
-                    fsync(os.path.dirname(path))
+                self._folder.replace_file(path, data)  # fsynced with its folder entry locally
                 return data
 
         try:
@@ -101,6 +102,21 @@ class RunFiles:
                 return self._folder.call(swap, f"replace {name}")
         except (FileExistsError, FileNotFoundError):  # 412: another generation, or none
             return None
+
+    def run_file_age(self, name: str) -> float | None:
+        """Seconds since file ``name`` was last written, where a reader may see it half-written
+        (local disks and mounts: see `create_whole`); None where files appear whole (GCS,
+        memory://) or when it is gone. By this machine's clock: negative if written "later".
+        """
+        if not self.is_local:
+            return None
+        path = self._run_file_path(name)
+        try:
+            with self._folder.errors(self._folder.url_of(name)):
+                modified = self._folder.call(lambda: os.lstat(path).st_mtime, f"stat {name}")
+        except FileNotFoundError:
+            return None
+        return time.time() - modified
 
     def delete_run_file(self, name: str, version: Any) -> bool:
         """Delete file ``name`` only if it still is ``version``; False when it changed or is gone."""
@@ -128,9 +144,16 @@ class RunFiles:
 
     def _current(self, path: str) -> bytes | None:
         try:
-            return bytes(self.fs.cat_file(path))
+            return self._read_bounded(path)
         except FileNotFoundError:
             return None
+
+    def _read_bounded(self, path: str) -> bytes:
+        """At most ``READ_LIMIT + 1`` bytes of ``path``: a hostile 400 MB lease is never read whole."""
+        limit = READ_LIMIT
+        if self.is_local:  # a read sets its size aside first: ask for no more than the file holds
+            limit = min(limit, os.stat(path).st_size)
+        return bytes(self.fs.cat_file(path, start=0, end=limit + 1))
 
     @contextlib.contextmanager
     def _run_file_locked(self, path: str) -> Iterator[None]:

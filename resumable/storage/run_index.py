@@ -20,7 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from resumable.core.manifest import FileEntry, Manifest, is_safe_relative
+from resumable.core import safe_json
+from resumable.core.manifest import MAX_COUNT, FileEntry, Manifest, is_safe_relative
 
 INDEX_NAME = "index.json"
 INDEX_FORMAT = "resumable.index"
@@ -29,6 +30,7 @@ INDEX_VERSION = 3
 # the columns, each a list with one item per checkpoint; "names" orders them all
 COLUMNS = ("names", "epoch", "step", "batch", "created", "manifest_size", "files", "metrics", "state")
 RANKING_KEYS = ("monitor", "mode")  # the only state a listing needs: which metric ranks checkpoints
+INDEX_LIMIT = safe_json.INDEX_LIMIT  # bytes: a larger index is not read, and listing reads the manifests
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,8 +60,13 @@ class IndexRow:
         if not (type(epoch) is int and type(step) is int and type(batch) is int
                 and type(manifest_size) is int and type(created) is str):
             raise TypeError("epoch, step, batch and manifest_size must be integers, created a string")
+        if not (0 <= epoch <= MAX_COUNT and 0 <= step <= MAX_COUNT and 0 <= batch <= MAX_COUNT
+                and 0 <= manifest_size <= MAX_COUNT):
+            raise ValueError("epoch, step, batch and manifest_size must be counts")
+        if not files:  # as a manifest: a checkpoint that lists no file restores nothing
+            raise ValueError("no files")
         for rel, (size, crc32c) in files.items():  # a dict of pairs, else one of the errors
-            if type(size) is not int or type(crc32c) is not str:
+            if type(size) is not int or type(crc32c) is not str or not 0 <= size <= MAX_COUNT:
                 raise TypeError(f"bad size or CRC32C for {rel!r}")
             if not is_safe_relative(rel):  # as a manifest: never a path out of the checkpoint folder
                 raise ValueError(f"file name {rel!r} is not a plain relative path")
@@ -67,7 +74,8 @@ class IndexRow:
             if key not in RANKING_KEYS or type(value) is not str:
                 raise ValueError(f"unexpected state {key!r}")
         for value in metrics.values():
-            if type(value) is not float:  # null stands for NaN; an integer was hand-made
+            # null stands for NaN, an integer was hand-made; `value - value` is NaN for an infinity
+            if type(value) is not float or value - value:
                 metrics = _floats(metrics)
                 break
         return cls(epoch, step, batch, created, manifest_size, files, metrics, state)
@@ -142,9 +150,9 @@ def _columns(data: bytes | None) -> list[list[Any]] | None:
     """The columns of an index of this version, in `COLUMNS` order, all of one length; else None."""
     if not data:
         return None
-    try:
-        raw = json.loads(data)
-    except (ValueError, UnicodeDecodeError):
+    try:  # the rows' values are checked one by one below: the quick parse of `safe_json`
+        raw = safe_json.loads(data, INDEX_LIMIT, thorough=False)
+    except safe_json.RefusedJSON:
         return None
     if not isinstance(raw, dict) or raw.get("format") != INDEX_FORMAT:
         return None
@@ -163,9 +171,14 @@ def _floats(metrics: dict[str, Any]) -> dict[str, float]:
     """Metrics as floats: null stands for NaN (JSON has none), an integer was hand-made."""
     floats = {}
     for name, value in metrics.items():
-        if value is not None and type(value) not in (float, int):
+        if value is None:
+            floats[name] = math.nan
+        elif type(value) is float and math.isfinite(value):
+            floats[name] = value
+        elif type(value) is int and abs(value) <= MAX_COUNT:
+            floats[name] = float(value)
+        else:  # another type, an infinity (1e400 parses as one), or an integer no float holds
             raise TypeError(f"metric {name!r} is not a number")
-        floats[name] = math.nan if value is None else float(value)
     return floats
 
 

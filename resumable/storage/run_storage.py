@@ -99,6 +99,19 @@ class RunStorage:
         self._folder.fs = fs
 
     @property
+    def fence(self) -> Callable[[], None] | None:
+        """Called right before each manifest write and each delete; raises to stop them.
+
+        The writer sets its lease's `Lease.fence` here: once another process took the run over,
+        this one commits and deletes nothing more.
+        """
+        return self._committer.fence
+
+    @fence.setter
+    def fence(self, fence: Callable[[], None] | None) -> None:
+        self._committer.fence = fence
+
+    @property
     def template(self) -> NameTemplate:
         """The folder name template that orders checkpoints by their names."""
         return self._listing.template
@@ -177,6 +190,16 @@ class RunStorage:
         """
         return self._transfers.fetch(self._info(checkpoint), local_dir, progress=progress)
 
+    def checked_in_place(self, checkpoint: CheckpointInfo | str) -> Path:
+        """A local run's checkpoint folder, to load from where it is, once every file checked out.
+
+        Only for local folders and Drive mounts (`is_local`); raises CorruptCheckpointError if a
+        file disagrees with the manifest.
+        """
+        if not self.is_local:
+            raise ValueError(f"{self.url} is not a local folder: fetch() its checkpoints")
+        return self._transfers.checked_in_place(self._info(checkpoint))
+
     def verify(self, checkpoint: CheckpointInfo | str) -> builtins.list[str]:
         """Re-read every file of a checkpoint; return one line per problem (empty if good)."""
         return self._transfers.verify(self._info(checkpoint))
@@ -216,6 +239,11 @@ class RunStorage:
     def replace_run_file(self, name: str, data: bytes, version: Any) -> Any | None:
         """Replace file ``name`` with ``data`` only if it still is ``version``; the new version, or None."""
         return self._run_files.replace_run_file(name, data, version)
+
+    def run_file_age(self, name: str) -> float | None:
+        """Seconds since file ``name`` was last written where readers may see it half-written
+        (local disks and mounts); None elsewhere, or when it is gone."""
+        return self._run_files.run_file_age(name)
 
     def delete_run_file(self, name: str, version: Any) -> bool:
         """Delete file ``name`` only if it still is ``version``; False when it changed or is gone."""

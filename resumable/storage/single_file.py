@@ -29,15 +29,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from resumable.core import safe_json
 from resumable.core.checksum import CHUNK_SIZE, RunningCrc32c
-from resumable.core.errors import CorruptCheckpointError
+from resumable.core.display import printable
+from resumable.core.errors import CorruptCheckpointError, NoSpaceError
 from resumable.storage import gcs_upload
+from resumable.storage.errors import NO_SPACE_ERRNOS, free_space
 from resumable.storage.folder import RunFolder, listed_file
 from resumable.storage.local_files import fsync
 
 RECORD_SUFFIX = ".resumable.json"
 RECORD_FORMAT = "resumable.file"
 RECORD_VERSION = 1
+RECORD_LIMIT = safe_json.RECORD_LIMIT  # bytes: a record is a few hundred
+_HEX = set("0123456789abcdef")
 _STREAM_MIN_BYTES = 8 * 2**20  # GCS files this big go up as one streamed request (see gcs_upload)
 
 
@@ -78,10 +83,21 @@ class FileRecord:
 
     @classmethod
     def _parse(cls, body: dict[str, Any]) -> FileRecord:
+        """The record of parsed JSON; ValueError or TypeError for a field of the wrong type.
+
+        `safe_json` bounds the nesting, so the ``previous`` chain recursion is bounded too.
+        """
         keys = ("format", "version", "file", "size", "crc32c", "previous")
         details = {k: v for k, v in body.items() if k not in keys}
-        previous = cls._parse(body["previous"]) if isinstance(body.get("previous"), dict) else None
-        return cls(str(body["file"]), int(body["size"]), str(body["crc32c"]), details, previous)
+        name, size, crc32c = body["file"], body["size"], body["crc32c"]
+        if type(name) is not str or type(size) is not int or not 0 <= size < 2**63:
+            raise ValueError(f"file {_shown(name)} of size {_shown(size)}")
+        if type(crc32c) is not str or len(crc32c) != 8 or not set(crc32c) <= _HEX:
+            raise ValueError(f"crc32c {_shown(crc32c)} is not 8 lowercase hex digits")
+        previous = body.get("previous")
+        if previous is not None and type(previous) is not dict:
+            raise ValueError(f"previous {_shown(previous)} is not an object")
+        return cls(name, size, crc32c, details, cls._parse(previous) if previous is not None else None)
 
     def matching(self, size: int, crc32c: str) -> FileRecord | None:
         """This record, or its previous entry, when it describes a file of this size and CRC32C."""
@@ -91,13 +107,17 @@ class FileRecord:
 
     @classmethod
     def from_json(cls, data: bytes, where: str) -> FileRecord:
+        """The record in ``data`` (at most `RECORD_LIMIT` bytes); CorruptCheckpointError if it is none."""
         try:
-            body = json.loads(data)
-            if body.get("format") != RECORD_FORMAT:
-                raise ValueError(f"format {body.get('format')!r}")
+            body = safe_json.loads(data, RECORD_LIMIT)
+            if type(body) is not dict or body.get("format") != RECORD_FORMAT:
+                raise ValueError(f"format {_shown(body.get('format') if type(body) is dict else body)}")
             return cls._parse(body)
-        except (ValueError, KeyError, TypeError) as e:
-            raise CorruptCheckpointError(f"{where}: unreadable checksum record ({e})") from e
+        except (ValueError, KeyError, TypeError) as e:  # safe_json.RefusedJSON is a ValueError
+            raise CorruptCheckpointError(
+                f"{where}: unreadable checksum record ({printable(str(e))}); save the file again, or "
+                f"delete {record_name(where.rsplit('/', 1)[-1])} to load it unchecked"
+            ) from None
 
 
 class FileTarget:
@@ -217,7 +237,7 @@ class FileTarget:
     def read_record(self) -> FileRecord | None:
         """The file's record; None when it has none (written by Keras, or killed before the record)."""
         with self.folder.errors(self.url):
-            data = self.folder.read(self.record_path)
+            data = self.folder.read(self.record_path, RECORD_LIMIT)  # a larger one is refused unread
         if isinstance(data, FileNotFoundError):
             return None
         if isinstance(data, Exception):
@@ -253,15 +273,38 @@ class FileTarget:
             if not path.is_file():
                 raise FileNotFoundError(errno.ENOENT, "no such file", self.url)
         else:
-            local_dir.mkdir(parents=True, exist_ok=True)
-            path = local_dir / self.name
-            with self.folder.errors(self.url):
-                self.folder.call(lambda: self.folder.fs.get_file(self.path, str(path)),
-                                 f"download {self.url}")
+            path = self._download(local_dir / self.name)
         if record is not None:
             with open(path, "rb") as f:
                 record = _compare(self.url, record, *_checksum_stream(f))
         return path, record
+
+    def _download(self, path: Path) -> Path:
+        """The file downloaded to ``path`` through ``<name>.part``: never left half-written."""
+        partial = path.with_name(path.name + ".part")
+
+        def download() -> None:
+            try:
+                self.folder.fs.get_file(self.path, str(partial))
+            except OSError as e:  # told apart here, before `folder.errors` blames the remote file
+                if e.errno in NO_SPACE_ERRNOS:
+                    free = free_space(str(path.parent))
+                    raise NoSpaceError(
+                        f"{path.parent}: no space left on this machine's disk to download {self.url} into"
+                        f"{f' ({free[2:]})' if free else ''}; free space there and load it again"
+                    ) from None
+                raise
+
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with self.folder.errors(self.url):
+                self.folder.call(download, f"download {self.url}")
+            os.replace(partial, path)
+        except BaseException:  # a failed or interrupted download (Ctrl-C included)
+            with contextlib.suppress(OSError):
+                partial.unlink()
+            raise
+        return path
 
 
 def _checksum_local(path: Path) -> tuple[int, str]:
@@ -330,3 +373,9 @@ def _alive(pid: int) -> bool:
 
 
 __all__ = ["RECORD_SUFFIX", "FileRecord", "FileTarget", "record_name", "split_url"]
+
+
+def _shown(value: Any) -> str:
+    """A value as an error message quotes it: short, one line."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."

@@ -11,21 +11,29 @@ import contextlib
 import errno
 import functools
 import os
+import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from resumable.core.checksum import CHUNK_SIZE, RunningCrc32c, crc32c_of_chunks, crc32c_of_file
-from resumable.core.errors import CorruptCheckpointError
+from resumable.core.display import human_size
+from resumable.core.errors import CorruptCheckpointError, NoSpaceError, ResumableError
 from resumable.core.manifest import MANIFEST_NAME, FileEntry, Manifest
-from resumable.storage import gcs_upload
+from resumable.storage import gcs_upload, gcsfs_compat
+from resumable.storage.errors import NO_SPACE_ERRNOS, free_space
 from resumable.storage.folder import RunFolder, listed_file
-from resumable.storage.local_files import fsync
+from resumable.storage.local_files import LINK_PROBLEM, LinkInRunError, clear_for_write, fsync, open_inside
 from resumable.storage.progress import byte_progress, fsspec_callback
 from resumable.storage.records import CheckpointInfo, Status, mismatch
 
 PROGRESS_MIN_BYTES = 4 * 1024 * 1024  # files at least this big get a progress bar when asked
 UPLOAD_BLOCK = 50 * 2**20  # bytes per GCS upload request, as gcsfs' put_file sends them
+# Downloads of objects this big go as concurrent ranged reads, SLICES_AT_ONCE of SLICE_BYTES
+# in flight (so at most 64 MiB in memory). Measured against gcsfs' get_file in docs/benchmarks.md.
+SLICED_MIN_BYTES = 32 * 2**20
+SLICE_BYTES = 16 * 2**20
+SLICES_AT_ONCE = 4
 STREAM_MIN_BYTES = 8 * 2**20  # GCS files this big go up as one streamed request (see gcs_upload)
 
 
@@ -46,7 +54,7 @@ class Transfers:
 
         def put_and_check() -> FileEntry:
             if folder.is_local:
-                os.makedirs(os.path.dirname(remote), exist_ok=True)
+                clear_for_write(folder.root, remote)  # a new file: never through a link, nor a hard link
             sent = self._put(local, remote, progress, f"upload {rel}", between_chunks)
             if folder.is_local:
                 fsync(remote)  # on disk before the manifest that vouches for it
@@ -64,32 +72,71 @@ class Transfers:
         """Download a checkpoint into ``local_dir`` and check every file's size and CRC32C.
 
         Files already in ``local_dir`` with the right checksum are not downloaded again.
-        Raises CorruptCheckpointError if a file disagrees with the manifest.
+        Raises CorruptCheckpointError if a file disagrees with the manifest (or is a link, in
+        a local run folder), NoSpaceError naming ``local_dir`` when its disk is full.
         """
-        folder = self._folder
         manifest = _restorable_manifest(info)
         target = Path(local_dir)
-        target.mkdir(parents=True, exist_ok=True)
-        for rel, entry in manifest.files.items():
-            local = target / rel
-            if local.is_file() and FileEntry(local.stat().st_size, crc32c_of_file(local)) == entry:
-                continue  # already in the cache
-            local.parent.mkdir(parents=True, exist_ok=True)
-            partial = local.with_name(local.name + ".part")
-            download = functools.partial(self._download, folder.path(info.name, rel), str(partial),
-                                         entry.size, progress, f"download {rel}")
-            with folder.errors(folder.url_of(info.name, rel)):
-                folder.call(download, f"download {rel}")
+        try:
+            target.mkdir(parents=True, exist_ok=True)
+            for rel, entry in manifest.files.items():
+                self._fetch_file(info.name, rel, entry, target, progress)
+            (target / MANIFEST_NAME).write_bytes(manifest.to_json())
+        except (OSError, _CacheFull) as e:
+            if isinstance(e, _CacheFull) or not isinstance(e, ResumableError) and e.errno in NO_SPACE_ERRNOS:
+                raise _cache_full(target, manifest) from None
+            raise
+        return target
+
+    def _fetch_file(self, name: str, rel: str, entry: FileEntry, target: Path, progress: bool) -> None:
+        """One file into ``target``, through ``<file>.part``: never left behind, whatever happens."""
+        folder = self._folder
+        url = folder.url_of(name, rel)
+        local = target / rel
+        if local.is_file() and FileEntry(local.stat().st_size, crc32c_of_file(local)) == entry:
+            return  # already in the cache
+        local.parent.mkdir(parents=True, exist_ok=True)
+        partial = local.with_name(local.name + ".part")
+
+        def download() -> None:
+            try:
+                self._download(folder.path(name, rel), str(partial), entry.size, progress, f"download {rel}")
+            except OSError as e:  # told apart here, before `folder.errors` blames the run folder
+                if e.errno in NO_SPACE_ERRNOS:
+                    raise _CacheFull() from e
+                raise
+
+        try:
+            try:
+                with folder.errors(url):
+                    folder.call(download, f"download {rel}")
+            except LinkInRunError:
+                raise CorruptCheckpointError(f"{url} is {LINK_PROBLEM}; the checkpoint is damaged, "
+                                             "an older one will be used") from None
             actual = FileEntry(partial.stat().st_size, crc32c_of_file(partial))
             if actual != entry:
-                partial.unlink()
                 raise CorruptCheckpointError(
-                    f"{folder.url_of(info.name, rel)}: {mismatch(entry, actual)}; "
-                    "the checkpoint is damaged, an older one will be used"
+                    f"{url}: {mismatch(entry, actual)}; the checkpoint is damaged, an older one will be used"
                 )
             os.replace(partial, local)
-        (target / MANIFEST_NAME).write_bytes(manifest.to_json())
-        return target
+        except BaseException:  # a failed, damaged or interrupted download (Ctrl-C included)
+            with contextlib.suppress(OSError):
+                partial.unlink()
+            raise
+
+    def checked_in_place(self, info: CheckpointInfo) -> Path:
+        """A local run's checkpoint folder itself, once every file's size and CRC32C checked out.
+
+        On a local disk or a Drive mount a copy into a cache would only read the files twice:
+        the checksums are read here, and the loader reads the same files next, from the page
+        cache. Raises CorruptCheckpointError as `fetch` does.
+        """
+        _restorable_manifest(info)
+        problems = self.verify(info)
+        if problems:
+            raise CorruptCheckpointError(
+                f"{problems[0]}; the checkpoint is damaged, an older one will be used")
+        return Path(self._folder.path(info.name))
 
     def verify(self, info: CheckpointInfo) -> list[str]:
         """Re-read every file of a checkpoint; one line per problem (empty if good)."""
@@ -102,9 +149,13 @@ class Transfers:
             if rel not in info.listed:
                 problems.append(f"{url}: missing")
                 continue
-            with folder.errors(url):
-                actual = folder.call(functools.partial(self._checksum, folder.path(info.name, rel)),
-                                     f"read {rel}")
+            try:
+                with folder.errors(url):
+                    actual = folder.call(functools.partial(self._checksum, folder.path(info.name, rel)),
+                                         f"read {rel}")
+            except LinkInRunError:  # locally: the file, or a folder on its way, is a link
+                problems.append(f"{url}: {LINK_PROBLEM}")
+                continue
             if actual != entry:
                 problems.append(f"{url}: {mismatch(entry, actual)}")
         return problems
@@ -157,6 +208,10 @@ class Transfers:
     def _download(self, remote: str, local: str, size: int, progress: bool, what: str) -> None:
         """``fs.get_file``, with a progress bar for big files when asked."""
         get_file = self._folder.fs.get_file
+        if self._folder.is_local:
+            get_file = self._copy_inside
+        elif size >= SLICED_MIN_BYTES and gcsfs_compat.awaits_listing_and_reads(self._folder.fs):
+            get_file = functools.partial(self._get_in_slices, size=size)
         if not progress or size < PROGRESS_MIN_BYTES:
             get_file(remote, local)
             return
@@ -165,19 +220,49 @@ class Transfers:
             if moved.done < size:  # local copies ignore the callback
                 moved.to(size)
 
+    def _get_in_slices(self, remote: str, local: str, callback: Any = None, *, size: int) -> None:
+        """A big object in concurrent ranged reads: several streams outrun gcsfs' one."""
+        fs = self._folder.fs
+        on_piece = callback.relative_update if callback is not None else _ignore
+        gcsfs_compat.run(fs, lambda: gcsfs_compat.get_file_in_slices(
+            fs, remote, local, size, piece=SLICE_BYTES, at_once=SLICES_AT_ONCE, on_piece=on_piece))
+
+    def _copy_inside(self, remote: str, local: str, callback: Any = None) -> None:
+        """A local run's file copied to ``local``, never read through a link (LinkInRunError)."""
+        with os.fdopen(open_inside(self._folder.root, remote), "rb") as source, open(local, "wb") as target:
+            shutil.copyfileobj(source, target, CHUNK_SIZE)
+
+    def _open_stored(self, path: str) -> Any:
+        if self._folder.is_local:
+            return os.fdopen(open_inside(self._folder.root, path), "rb")
+        return self._folder.fs.open(path, "rb", block_size=CHUNK_SIZE)
+
     def _checksum(self, path: str) -> FileEntry:
         """Size and CRC32C of a stored file, read a chunk at a time."""
         size = 0
 
         def chunks() -> Iterator[bytes]:
             nonlocal size
-            with self._folder.fs.open(path, "rb", block_size=CHUNK_SIZE) as f:
+            with self._open_stored(path) as f:
                 while chunk := f.read(CHUNK_SIZE):
                     size += len(chunk)
                     yield chunk
 
         crc = crc32c_of_chunks(chunks())
         return FileEntry(size, crc)
+
+
+class _CacheFull(ResumableError):
+    """The local disk filled up while downloading (`Transfers.fetch` says where, and how much)."""
+
+
+def _cache_full(target: Path, manifest: Manifest) -> NoSpaceError:
+    """No room in the local folder a checkpoint is downloaded into: say which one, and what it needs."""
+    needed = human_size(sum(entry.size for entry in manifest.files.values()))
+    return NoSpaceError(
+        f"{target}: no space left on this machine's disk to download the checkpoint into ({needed} needed"
+        f"{free_space(str(target))}); free space there, or pass staging_dir= a folder on a bigger disk"
+    )
 
 
 def _restorable_manifest(info: CheckpointInfo) -> Manifest:

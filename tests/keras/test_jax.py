@@ -28,7 +28,7 @@ from paths import JOBS
 import resumable
 from resumable import RunStorage
 from resumable.core.errors import CorruptCheckpointError
-from resumable.core.manifest import Manifest
+from resumable.core.manifest import FileEntry, Manifest
 from resumable.manager.run_manager import default_staging_dir
 
 # Every test that runs a job: it trains, and needs jax (in the test extra).
@@ -77,7 +77,7 @@ def line(stdout: str, prefix: str) -> str:
 
 
 def test_manifest_records_processes_and_devices_and_reads_older_manifests() -> None:
-    written = Manifest(epoch=3, step=36, processes=2, devices=8)
+    written = Manifest(epoch=3, step=36, processes=2, devices=8, files={"a.bin": FileEntry(1, "00000000")})
     data = json.loads(written.to_json())
     assert (data["processes"], data["devices"]) == (2, 8)
     again = Manifest.from_json(written.to_json(), "here")

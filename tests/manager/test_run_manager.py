@@ -83,6 +83,10 @@ def test_the_cli_prune_and_retention_share_one_plan_and_one_delete(run_url: str,
 
 def test_writing_refuses_while_another_process_writes_unless_forced(tmp_path: Path) -> None:
     url = str(tmp_path / "run")
+    first = RunManager(url, staging_dir=tmp_path / "first", async_upload=False)
+    first.acquire()
+    save(first, 1)
+    first.release()
     holder = subprocess.Popen(
         [sys.executable, "-c", "import sys, time; from resumable import RunStorage; "
          "from resumable.storage.lease import Lease; Lease(RunStorage(sys.argv[1])).acquire(); "
@@ -97,6 +101,8 @@ def test_writing_refuses_while_another_process_writes_unless_forced(tmp_path: Pa
         with manager.writing(force=True) as other_writer:
             assert other_writer is not None and other_writer.pid == holder.pid
             assert not manager.lease.held  # forced: the other writer keeps its lease
+            manager.storage.delete("ckpt-000001")  # not fenced: the user forced it
+        assert names(manager.storage) == []
         assert manager.blocking_writer() is not None
         assert RunManager(url, takeover=True).blocking_writer() is None
     finally:
@@ -145,8 +151,11 @@ def test_fetch_newest_falls_back_past_a_damaged_checkpoint_and_remembers_it(run_
     else:  # found when its download is checked: the next commit of that name may replace it
         assert reader.damaged == {"ckpt-000002"} and "ckpt-000002" in problems[0]
     assert reader.newest_good() is not None and reader.newest_good().name == "ckpt-000001"  # type: ignore[union-attr]
-    reader.keep_only_cached(info.name)
-    assert [p.name for p in reader.cache_root.iterdir()] == ["ckpt-000001"]
+    if backend == "local":  # loaded where it is, once checked: no copy in a cache
+        assert local == Path(storage.root) / "ckpt-000001" and not reader.cache_root.exists()
+    else:
+        reader.keep_only_cached(info.name)
+        assert [p.name for p in reader.cache_root.iterdir()] == ["ckpt-000001"]
 
 
 def test_a_new_run_into_a_folder_holding_one_is_refused(tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -48,3 +49,32 @@ def fs_calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
         return calls
 
     yield install
+
+
+@pytest.fixture
+def refusing_token_server() -> Iterator[str]:
+    """A token endpoint on 127.0.0.1 that answers every refresh with 400 invalid_grant."""
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            body = json.dumps(
+                {"error": "invalid_grant", "error_description": "Invalid JWT\nSignature."}
+            ).encode()
+            self.send_response(400)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/token"
+    server.shutdown()
+    server.server_close()

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-from storage_helpers import stage
+from storage_helpers import bad_service_account, stage
 
 from resumable import (
     Manifest,
@@ -65,59 +62,6 @@ def test_empty_url_is_refused() -> None:
         RunStorage("")
 
 
-def _bad_service_account(tmp_path: Path, token_uri: str) -> Path:
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import rsa
-
-    key = rsa.generate_private_key(public_exponent=65537, key_size=2048).private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    )
-    path = tmp_path / "service-account.json"
-    path.write_text(
-        json.dumps(
-            {
-                "type": "service_account",
-                "project_id": "p",
-                "private_key_id": "k",
-                "private_key": key.decode(),
-                "client_email": "nobody@p.iam.gserviceaccount.com",
-                "client_id": "1",
-                "token_uri": token_uri,
-            }
-        )
-    )
-    return path
-
-
-@pytest.fixture
-def refusing_token_server() -> Iterator[str]:
-    """A token endpoint on 127.0.0.1 that answers every refresh with 400 invalid_grant."""
-    import http.server
-    import threading
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            self.rfile.read(int(self.headers.get("Content-Length", 0)))
-            body = json.dumps(
-                {"error": "invalid_grant", "error_description": "Invalid JWT\nSignature."}
-            ).encode()
-            self.send_response(400)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/token"
-    server.shutdown()
-    server.server_close()
-
-
 @pytest.mark.parametrize("in_colab", [False, True])
 def test_not_authenticated_fails_fast_with_one_line(
     gcs_bucket: str,
@@ -130,7 +74,7 @@ def test_not_authenticated_fails_fast_with_one_line(
     import gcsfs
 
     monkeypatch.setenv(
-        "GOOGLE_APPLICATION_CREDENTIALS", str(_bad_service_account(tmp_path, refusing_token_server))
+        "GOOGLE_APPLICATION_CREDENTIALS", str(bad_service_account(tmp_path, refusing_token_server))
     )
     monkeypatch.delenv("FSSPEC_GCS_TOKEN", raising=False)
     if in_colab:

@@ -43,7 +43,9 @@ def test_an_entry_gives_back_the_listing_part_of_its_manifest() -> None:
 
 
 def test_the_index_is_stored_a_column_at_a_time_in_name_order() -> None:
-    entries = {f"ckpt-{e:06d}": run_index.entry(Manifest(epoch=e, step=10 * e, created=f"t{e}"), 100 + e)
+    files = {"a": FileEntry(1, "00000000")}
+    entries = {f"ckpt-{e:06d}": run_index.entry(Manifest(epoch=e, step=10 * e, created=f"t{e}", files=files),
+                                                100 + e)
                for e in (3, 1, 2)}
     raw = json.loads(run_index.encode(entries))
     assert raw["names"] == ["ckpt-000001", "ckpt-000002", "ckpt-000003"]
@@ -126,7 +128,9 @@ def test_a_hand_made_row_does_not_change_how_the_others_read() -> None:
 
 def test_a_nan_metric_reads_back_as_nan() -> None:
     """A diverged epoch (loss NaN, stored as null) is common: it reads back as NaN, a float."""
-    entries = {f"ckpt-{e:06d}": run_index.entry(Manifest(epoch=e, metrics={"loss": loss, "acc": 0.5}), 90)
+    files = {"a": FileEntry(1, "00000000")}
+    entries = {f"ckpt-{e:06d}": run_index.entry(Manifest(epoch=e, metrics={"loss": loss, "acc": 0.5},
+                                                         files=files), 90)
                for e, loss in ((1, 0.5), (2, math.nan), (3, math.inf))}
     raw = json.loads(run_index.encode(entries))
     assert raw["metrics"][1] == {"loss": None, "acc": 0.5}

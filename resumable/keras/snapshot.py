@@ -1,0 +1,125 @@
+"""A checkpoint held in host memory: taken while training waits, written to files later.
+
+Training waits only for `take`: Keras' own traversal of what ``model.save`` would write, each
+variable's value copied to host memory as it goes, and the model's config. `ModelSnapshot.write`
+then writes, in any thread and while training goes on, the files `keras_io.save` documents:
+``model.keras`` (or ``model.weights.h5``), ``state.json`` and ``arrays.npz``, which plain
+``keras.saving.load_model`` and ``model.load_weights`` read. The values are those of the step
+the snapshot was taken at, so a resume from it is as exact as from a synchronous save.
+
+On a Keras without the internals this needs (`compat.saved_values`), `take` returns None and
+the caller serializes the usual way.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import weakref
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import keras
+import numpy as np
+
+from resumable.keras import compat
+
+MODEL_FILE = "model.keras"
+WEIGHTS_FILE = "model.weights.h5"
+STATE_FILE = "state.json"
+ARRAYS_FILE = "arrays.npz"
+
+
+@dataclass
+class ModelSnapshot:
+    """The values, config and state of one checkpoint, in memory; `write` makes its files."""
+
+    values: list[compat.SavedValue]
+    model_json: tuple[str, str] | None  # config.json and metadata.json; None: weights only
+    state: dict[str, Any]  # JSON-ready: state.json
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
+    assets: Path | None = None  # a temporary folder of the model's assets, if it has any
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held in memory: what a background save costs on top of training."""
+        held = sum(int(getattr(v.value, "nbytes", 0)) for v in self.values)
+        return held + sum(int(a.nbytes) for a in self.arrays.values())
+
+    def write(self, folder: Path) -> None:
+        """Write the checkpoint's files into ``folder`` (created if needed)."""
+        folder.mkdir(parents=True, exist_ok=True)
+        if self.model_json is None:
+            compat.write_weights(self.values, str(folder / WEIGHTS_FILE))
+        else:
+            self._write_archive(folder / MODEL_FILE, folder)
+        (folder / STATE_FILE).write_text(json.dumps(self.state, indent=1))
+        if self.arrays:
+            np.savez(folder / ARRAYS_FILE, **self.arrays)  # type: ignore[arg-type]
+
+    def _write_archive(self, path: Path, folder: Path) -> None:
+        """A ``.keras`` zip as ``model.save`` writes it: metadata, config, weights, assets."""
+        assert self.model_json is not None
+        config, metadata = self.model_json
+        # The weights go to a file first (h5py needs one it can seek in), then into the zip:
+        # never the whole checkpoint in memory twice.
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".weights-", suffix=".h5") as weights:
+            compat.write_weights(self.values, weights.name)
+            with zipfile.ZipFile(path, "w") as archive:
+                archive.writestr("metadata.json", metadata)
+                archive.writestr("config.json", config)
+                archive.write(weights.name, WEIGHTS_FILE)
+                if self.assets is not None:
+                    _add_folder(archive, self.assets, "assets")
+
+
+def _add_folder(archive: zipfile.ZipFile, folder: Path, name: str) -> None:
+    """Every file under ``folder`` into ``archive``, under ``name/``."""
+    for path in sorted(folder.rglob("*")):
+        if path.is_file():
+            archive.write(path, f"{name}/{path.relative_to(folder).as_posix()}")
+
+
+def take(model: keras.Model, *, weights_only: bool, state: dict[str, Any],
+         arrays: dict[str, np.ndarray]) -> ModelSnapshot | None:
+    """Copy what a checkpoint of ``model`` holds into host memory; None without Keras' internals."""
+    assets = None if weights_only else Path(tempfile.mkdtemp(prefix="resumable-assets-"))
+    try:
+        values = compat.saved_values(model, _host_copy, str(assets) if assets is not None else None)
+        if values is None:
+            return None
+        model_json = None if weights_only else compat.model_json(model)
+    except BaseException:
+        if assets is not None:
+            shutil.rmtree(assets, ignore_errors=True)
+        raise
+    if assets is not None and not any(assets.iterdir()):
+        shutil.rmtree(assets, ignore_errors=True)
+        assets = None
+    taken = ModelSnapshot(values, model_json, state, arrays, assets)
+    if assets is not None:  # a snapshot dropped unwritten (a newer one replaced it) leaves nothing
+        weakref.finalize(taken, shutil.rmtree, assets, True)
+    return taken
+
+
+def _host_copy(value: Any) -> np.ndarray:
+    """The value as a host array that training can no longer change, without copying if it can.
+
+    A JAX array is immutable (each step makes new ones; a GPU's or TPU's is copied to the
+    host here) and a CPU buffer a NumPy view holds is never donated to the next step. A
+    TensorFlow variable's read shares its buffer until the next update, which then writes a
+    new one (copy on write). Either way the view keeps the values of this step, and
+    training pays at most one copy, not two. Other backends, and TensorFlow's distributed
+    variables, are copied. tests/jobs/snapshot_job.py checks the written values against the
+    step's on both backends.
+    """
+    raw = value.value if isinstance(value, keras.Variable) else value
+    backend = keras.backend.backend()
+    if backend == "jax":
+        return np.asarray(raw)
+    if backend == "tensorflow" and type(raw).__name__ == "ResourceVariable":
+        return np.asarray(raw.read_value())
+    return np.array(keras.ops.convert_to_numpy(value), copy=True)
