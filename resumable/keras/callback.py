@@ -23,7 +23,7 @@ from resumable.core.errors import NoSpaceError, ResumableError
 from resumable.core.manifest import Manifest
 from resumable.core.naming import DEFAULT_TEMPLATE
 from resumable.core.policy import Retention, is_better, resolve_mode
-from resumable.keras import compat, keras_io, notebook
+from resumable.keras import compat, keras_io, notebook, trainable
 from resumable.manager.run_manager import RunManager
 from resumable.storage import CheckpointInfo, RunStorage
 from resumable.storage.errors import NO_SPACE_ERRNOS, free_space
@@ -84,6 +84,13 @@ class CheckpointCallback(keras.callbacks.Callback):
         save_weights_only: Save ``model.weights.h5`` (weights and optimizer state) instead of
             the whole ``.keras`` model; `resumable.resume` then needs ``build_model``.
             Defaults to False.
+        save_trainable_only: Save only what trains: the trainable variables (a LoRA
+            adapter's), the non-trainable ones that trained layers update (BatchNormalization's
+            statistics), the optimizer state and the training state, in ``trainable.npz``. The
+            frozen weights are left to ``build_model`` (``from_preset`` and ``enable_lora``), and
+            a fingerprint of them is recorded: `resumable.resume` needs ``build_model`` and
+            refuses a model whose frozen weights differ. For fine-tuning large models, where the
+            frozen part is gigabytes. Defaults to False.
         save_freq: ``"epoch"`` to save at the end of every epoch, or an int N to also save
             every N batches (mid-epoch checkpoints, at optimizer steps that are multiples of N).
             Defaults to ``"epoch"``.
@@ -125,6 +132,7 @@ class CheckpointCallback(keras.callbacks.Callback):
         mode: str = "auto",
         save_best_only: bool = False,
         save_weights_only: bool = False,
+        save_trainable_only: bool = False,
         save_freq: str | int = "epoch",
         save_interval: float | datetime.timedelta | None = None,
         keep_last: int | None = 3,
@@ -167,6 +175,12 @@ class CheckpointCallback(keras.callbacks.Callback):
                 "Expected True or False."
             )
         self.takeover = takeover
+        if not isinstance(save_trainable_only, bool):
+            raise ValueError(
+                "Invalid value for argument `save_trainable_only`. Received: "
+                f"save_trainable_only={save_trainable_only!r}. Expected True or False."
+            )
+        self.save_trainable_only = save_trainable_only
         lease_seconds = check_timeout(lease_timeout)
         self.monitor = monitor
         self.mode = resolve_mode(monitor, mode)
@@ -577,10 +591,13 @@ class CheckpointCallback(keras.callbacks.Callback):
             arrays.update(keras_io.metric_arrays(self.model))
         # Training waits only for a copy of the values into host memory; the files are written
         # with the upload, in the background (keras_io.snapshot). Without Keras' internals for
-        # that, the model is serialized here as before.
-        with self.manager.serializing():
-            taken = keras_io.snapshot(self.model, weights_only=self.save_weights_only, state=state,
-                                      arrays=arrays)
+        # that, the model is serialized here as before; so is a trainable-only checkpoint, whose
+        # megabytes take less time to write than to hold.
+        taken = None
+        if not self.save_trainable_only:
+            with self.manager.serializing():
+                taken = keras_io.snapshot(self.model, weights_only=self.save_weights_only, state=state,
+                                          arrays=arrays)
         write = functools.partial(self._write_staged, taken, name) if taken is not None else None
         if taken is None and not self._serialize(staging, name, state, arrays):
             return
@@ -589,7 +606,8 @@ class CheckpointCallback(keras.callbacks.Callback):
         manifest = Manifest(
             epoch=epoch, step=step, batch=batch, metrics=logs, versions=keras_io.versions(),
             state=self._summary(callback_states), processes=processes, devices=devices,
-            payload=keras_io.WEIGHTS_FILE if self.save_weights_only else keras_io.MODEL_FILE,
+            payload=keras_io.payload_file(weights_only=self.save_weights_only,
+                                          trainable_only=self.save_trainable_only),
         )
         self._save_started = started
         self.manager.submit(staging, name, manifest, write=write)
@@ -604,7 +622,7 @@ class CheckpointCallback(keras.callbacks.Callback):
         try:
             with self.manager.serializing():
                 keras_io.save(self.model, staging, weights_only=self.save_weights_only, state=state,
-                              arrays=arrays)
+                              arrays=arrays, trainable_only=self.save_trainable_only)
         except OSError as e:
             if e.errno not in NO_SPACE_ERRNOS:
                 raise
@@ -673,17 +691,21 @@ class CheckpointCallback(keras.callbacks.Callback):
 
     def _summary(self, callback_states: dict[str, Any]) -> dict[str, Any]:
         """What `resumable inspect` shows: small, JSON only."""
-        return keras_io.jsonable({
+        summary = {
             "monitor": self.monitor,
             "mode": self.mode,
             "best": self.best,
             "stopped_early": self.stopped_early,
             "epochs_planned": (self.params or {}).get("epochs"),
-            "format": "weights" if self.save_weights_only else "keras",
+            "format": "trainable" if self.save_trainable_only else "weights" if self.save_weights_only
+            else "keras",
             "backend": keras.backend.backend(),
             "optimizer": keras_io.optimizer_summary(self.model),
             "callbacks": callback_states,
-        })
+        }
+        if self.save_trainable_only:  # the base model the run trains on (cached: no second pass)
+            summary["frozen"] = trainable.fingerprint(self.model).to_json()
+        return keras_io.jsonable(summary)
 
     # ------------------------------------------------------------------ checks
 

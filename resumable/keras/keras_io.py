@@ -9,12 +9,15 @@ under a TPU strategy needs no ``experimental_io_device``.
 
 Files of a checkpoint folder:
 
-- ``model.keras`` (or ``model.weights.h5`` with ``save_weights_only``): weights and optimizer state.
+- ``model.keras`` (or ``model.weights.h5`` with ``save_weights_only``): weights and optimizer state;
+  with ``save_trainable_only``, ``trainable.npz`` instead: what trains and its optimizer state
+  (``trainable.py``), the frozen weights named by a fingerprint in ``state.json``.
 - ``state.json``: history, callback states, RNG states, the weight layout (to name mismatches);
   mid-epoch, also the RNG states at the epoch's start (``epoch_rng``: they decide its data order).
 - ``arrays.npz``: states of the model's seed generators (Dropout's masks continue, Keras does not
-  save them), arrays held by callbacks (EarlyStopping's best weights) and, mid-epoch, the
-  metrics' running totals (``metrics/<i>``).
+  save them), arrays held by callbacks (EarlyStopping's best weights), in full checkpoints the
+  unmerged variables of LoRA layers (``lora/<i>``: Keras saves them merged, ``lora.py``) and,
+  mid-epoch, the metrics' running totals (``metrics/<i>``).
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ from resumable.core.errors import (
     CorruptCheckpointError,
     ResumableError,
 )
-from resumable.keras import compat
+from resumable.keras import compat, lora, trainable
 
 # The file names come from the module that writes them; callers know them from here.
 from resumable.keras.snapshot import ARRAYS_FILE, MODEL_FILE, STATE_FILE, WEIGHTS_FILE, ModelSnapshot
@@ -68,8 +71,15 @@ CALLBACK_FIELDS: dict[str, tuple[str, ...]] = {
 
 
 def save(model: keras.Model, folder: Path, *, weights_only: bool, state: dict[str, Any],
-         arrays: dict[str, np.ndarray] | None = None) -> None:
-    """Write the model (with its optimizer state), ``state.json`` and callback arrays to ``folder``."""
+         arrays: dict[str, np.ndarray] | None = None, trainable_only: bool = False) -> None:
+    """Write the model (with its optimizer state), ``state.json`` and callback arrays to ``folder``.
+
+    ``trainable_only``: only what trains and its optimizer state (``trainable.npz``), with the
+    frozen weights' fingerprint in ``state.json``.
+    """
+    if trainable_only:
+        _save_trainable(model, folder, state, arrays)
+        return
     taken = snapshot(model, weights_only=weights_only, state=state, arrays=arrays)
     if taken is not None:
         taken.write(folder)
@@ -81,9 +91,33 @@ def save(model: keras.Model, folder: Path, *, weights_only: bool, state: dict[st
         else:
             model.save(str(folder / MODEL_FILE))
     (folder / STATE_FILE).write_text(json.dumps(_checkpoint_state(model, state), indent=1))
-    arrays = {**(arrays or {}), **_seed_generator_arrays(model)}
+    arrays = _all_arrays(model, arrays)
     if arrays:
         np.savez(folder / ARRAYS_FILE, **arrays)  # type: ignore[arg-type]
+
+
+def payload_file(*, weights_only: bool, trainable_only: bool) -> str:
+    """The file of a checkpoint a loader opens (the manifest's ``payload``)."""
+    return trainable.TRAINABLE_FILE if trainable_only else WEIGHTS_FILE if weights_only else MODEL_FILE
+
+
+def _save_trainable(model: keras.Model, folder: Path, state: dict[str, Any],
+                    arrays: dict[str, np.ndarray] | None) -> None:
+    """A trainable-only checkpoint: megabytes, written at once (no snapshot to write later)."""
+    _check_whole_arrays(model)
+    folder.mkdir(parents=True, exist_ok=True)
+    layout = trainable.save(model, folder)
+    (folder / STATE_FILE).write_text(
+        json.dumps(_checkpoint_state(model, {**state, "trainable": layout}), indent=1))
+    arrays = {**(arrays or {}), **_seed_generator_arrays(model)}  # LoRA layers: assigned, never merged
+    if arrays:
+        np.savez(folder / ARRAYS_FILE, **arrays)  # type: ignore[arg-type]
+
+
+def _all_arrays(model: keras.Model, arrays: dict[str, np.ndarray] | None) -> dict[str, np.ndarray]:
+    """``arrays.npz`` of a full checkpoint: the caller's arrays, the layers' seed generator states
+    and the LoRA layers' variables unmerged (Keras saves those layers merged)."""
+    return {**(arrays or {}), **_seed_generator_arrays(model), **lora.raw_arrays(model)}
 
 
 def snapshot(model: keras.Model, *, weights_only: bool, state: dict[str, Any],
@@ -94,8 +128,7 @@ def snapshot(model: keras.Model, *, weights_only: bool, state: dict[str, Any],
     """
     _check_whole_arrays(model)
     # Copies: a JAX step may donate the buffers these arrays view (seed generators, metrics).
-    arrays = {key: np.array(value, copy=True) for key, value in
-              {**(arrays or {}), **_seed_generator_arrays(model)}.items()}
+    arrays = {key: np.array(value, copy=True) for key, value in _all_arrays(model, arrays).items()}
     with _no_tensorflow_import(), _no_distribution():
         return take_snapshot(model, weights_only=weights_only, state=_checkpoint_state(model, state),
                              arrays=arrays)
@@ -212,11 +245,27 @@ def check_state(state: Any) -> None:
     optimizer = state.get("optimizer")
     if optimizer and not (type(optimizer.get("class")) is str and type(optimizer.get("iterations")) is int):
         raise ValueError("field optimizer: expected its class name and iterations")
+    if "trainable" in state:
+        _check_trainable_layout(state["trainable"])
+
+
+def _check_trainable_layout(layout: dict[str, Any]) -> None:
+    """A trainable-only checkpoint's layout, as `trainable.save` writes it."""
+    for key in ("weights", "optimizer"):
+        entries = layout.get(key)
+        if not (type(entries) is list and all(
+                type(e) is list and len(e) == 3 and type(e[0]) is str and type(e[1]) is list
+                and all(type(d) is int and d >= 0 for d in e[1]) and type(e[2]) is str for e in entries)):
+            raise ValueError(f"field trainable.{key}: expected a list of [path, shape, dtype]")
+    frozen = layout.get("frozen")
+    if not (type(frozen) is dict and type(frozen.get("crc32c")) is str
+            and all(type(frozen.get(k)) is int and frozen[k] >= 0 for k in ("variables", "bytes"))):
+        raise ValueError("field trainable.frozen: expected its crc32c, variables and bytes")
 
 
 _STATE_TYPES: dict[str, type] = {
     "monitor": str, "mode": str, "stopped_early": bool, "history": list, "callbacks": dict, "rng": dict,
-    "epoch_rng": dict, "model": dict, "optimizer": dict,
+    "epoch_rng": dict, "model": dict, "optimizer": dict, "trainable": dict,
 }
 # null reads as "none" for these; the others are read with .get(key, {}), where null would break
 _MAY_BE_NULL = ("monitor", "mode", "stopped_early", "epoch_rng", "optimizer")
@@ -277,11 +326,16 @@ def load_model(folder: Path, build_model: Callable[[], keras.Model] | None, *, s
     on any number of devices. ``where`` names the checkpoint in errors.
     """
     state = read_state(folder, where)
-    weights_file = folder / (WEIGHTS_FILE if (folder / WEIGHTS_FILE).is_file() else MODEL_FILE)
-    if not weights_file.is_file():
-        raise CheckpointMismatchError(f"{where}: holds neither {MODEL_FILE} nor {WEIGHTS_FILE}")
+    layout = state.get("trainable")
+    weights_file = _weights_file(folder, layout, where)
     with scope(strategy, distribution), _no_tensorflow_import():
         if build_model is None:
+            if layout is not None:
+                raise CheckpointNotFoundError(
+                    f"{where} holds only what trains (save_trainable_only=True); pass build_model=<a "
+                    "function building and compiling the same model, e.g. from_preset + enable_lora> "
+                    "to resumable.resume()"
+                )
             if weights_file.name == WEIGHTS_FILE:
                 raise CheckpointNotFoundError(
                     f"{where} holds weights only (save_weights_only=True); pass build_model=<a function "
@@ -293,23 +347,41 @@ def load_model(folder: Path, build_model: Callable[[], keras.Model] | None, *, s
             _ensure_built(model, state.get("model", {}), where)
             _check_layout(model, state.get("model", {}).get("weights"), where)
             _check_optimizer_class(model, state.get("optimizer"), where)
-            optimizer = getattr(model, "optimizer", None)
-            if optimizer is not None and not optimizer.built:
-                # Keras 3 skips optimizer variables in load_weights unless the optimizer exists.
-                optimizer.build(model.trainable_variables)
-            try:
-                _load_weights(model, weights_file)
-            except ValueError as e:
-                raise CheckpointMismatchError(
-                    f"{where} does not fit the model from build_model(): {e}"
-                ) from e
+            _load_weights(model, weights_file, layout, where, "the model from build_model()")
     _check_optimizer(model, state.get("optimizer"), where)
     with scope(strategy, distribution):
-        restore_seed_generators(model, read_arrays(folder), where)
+        arrays = read_arrays(folder)
+        lora.restore(model, arrays, where)
+        restore_seed_generators(model, arrays, where)
     return model
 
 
-def _load_weights(model: keras.Model, weights_file: Path) -> None:
+def _weights_file(folder: Path, layout: dict[str, Any] | None, where: str) -> Path:
+    """The file holding the checkpoint's weights: model.weights.h5, model.keras or trainable.npz."""
+    names = [trainable.TRAINABLE_FILE] if layout is not None else [WEIGHTS_FILE, MODEL_FILE]
+    for name in names:
+        if (folder / name).is_file():
+            return folder / name
+    raise CheckpointMismatchError(f"{where}: holds none of {', '.join(names)}")
+
+
+def _load_weights(model: keras.Model, weights_file: Path, layout: dict[str, Any] | None, where: str,
+                  target: str) -> None:
+    """The checkpoint's weights and optimizer state into ``model`` (built, its optimizer checked)."""
+    if layout is not None:
+        trainable.load(model, weights_file.parent, layout, where)
+        return
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is not None and not optimizer.built:
+        # Keras 3 skips optimizer variables in load_weights unless the optimizer exists.
+        optimizer.build(model.trainable_variables)
+    try:
+        _load_keras_weights(model, weights_file)
+    except ValueError as e:
+        raise CheckpointMismatchError(f"{where} does not fit {target}: {e}") from e
+
+
+def _load_keras_weights(model: keras.Model, weights_file: Path) -> None:
     """``model.load_weights`` of a checkpoint's weights; from a ``.keras`` file, at load_model's speed.
 
     Keras' load_weights reads a ``.keras`` file's weights through the zip member, seeking in
@@ -776,18 +848,15 @@ def load_into(model: keras.Model, folder: Path, where: str) -> None:
     Run rolled back after an exception). The layout and optimizer are checked as in `load_model`.
     """
     state = read_state(folder, where)
-    weights_file = folder / (WEIGHTS_FILE if (folder / WEIGHTS_FILE).is_file() else MODEL_FILE)
+    layout = state.get("trainable")
+    weights_file = _weights_file(folder, layout, where)
     _check_layout(model, state.get("model", {}).get("weights"), where)
     _check_optimizer_class(model, state.get("optimizer"), where)
-    optimizer = getattr(model, "optimizer", None)
-    if optimizer is not None and not optimizer.built:
-        optimizer.build(model.trainable_variables)  # Keras 3 skips optimizer variables otherwise
-    try:
-        model.load_weights(str(weights_file))
-    except ValueError as e:
-        raise CheckpointMismatchError(f"{where} does not fit the model: {e}") from e
+    _load_weights(model, weights_file, layout, where, "the model")
     _check_optimizer(model, state.get("optimizer"), where)
-    restore_seed_generators(model, read_arrays(folder), where)
+    arrays = read_arrays(folder)
+    lora.restore(model, arrays, where)
+    restore_seed_generators(model, arrays, where)
 
 
 def load_file(path: Path, **kwargs: Any) -> keras.Model:

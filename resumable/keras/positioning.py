@@ -49,6 +49,17 @@ def rest_of_epoch(model: keras.Model, args: tuple[Any, ...], kwargs: dict[str, A
     array_data_adapter, array_slicing = adapters
     backend = keras.backend.backend()
 
+    if x is not None and _batches_arrays_in_order(model) and all(map(_sliceable, (x, y, sample_weight))):
+        if split and rest.get("validation_data") is None:
+            (x, y, sample_weight), rest["validation_data"] = array_slicing.train_validation_split(
+                (x, y, sample_weight), validation_split=split)
+        start = batch * (batch_size or 32)  # keras-hub's default batch size, as Keras'
+        if start >= _length(x):
+            return f"the arrays hold only {-(-_length(x) // (batch_size or 32))} batches"
+        rest.update(x=_from(x, start), y=_from(y, start), sample_weight=_from(sample_weight, start))
+        return {**rest, "batch_size": batch_size, "class_weight": class_weight,
+                **({"steps_per_epoch": remaining} if remaining else {})}
+
     if array_data_adapter.can_convert_arrays((x, y, sample_weight)):
         if split and rest.get("validation_data") is None:
             # As model.fit does, before anything else: the validation split is the last part.
@@ -105,6 +116,38 @@ def rest_of_epoch(model: keras.Model, args: tuple[Any, ...], kwargs: dict[str, A
             return "the generator ended before that batch"
         return {**rest, "x": x, "shuffle": False, **({"steps_per_epoch": remaining} if remaining else {})}
     return f"a {type(x).__name__} input cannot be positioned at a batch"
+
+
+def _batches_arrays_in_order(model: keras.Model) -> bool:
+    """True for keras-hub's tasks (``CausalLM`` and the others): their ``fit`` turns arrays (or a
+    list of strings) into a dataset of batches in their order, and ``shuffle`` never reaches
+    Keras' array adapter. So the rest of an epoch is the samples from the first not trained on."""
+    module = getattr(type(model).fit, "__module__", None) or ""
+    return module.split(".")[0] in ("keras_hub", "keras_nlp")
+
+
+def _texts(data: Any) -> bool:
+    """A list of strings (a prompt per sample): keras-hub takes it as one array."""
+    return isinstance(data, (list, tuple)) and bool(data) and all(isinstance(t, (str, bytes)) for t in data)
+
+
+def _sliceable(data: Any) -> bool:
+    """None, a list of strings, or arrays (a dict or list of them) with a sample dimension."""
+    if data is None or _texts(data):
+        return True
+    leaves = keras.tree.flatten(data)
+    return bool(leaves) and all(len(getattr(a, "shape", ())) > 0 for a in leaves)
+
+
+def _length(x: Any) -> int:
+    return len(x) if _texts(x) else int(keras.tree.flatten(x)[0].shape[0])
+
+
+def _from(data: Any, start: int) -> Any:
+    """Samples from ``start`` on, of arrays (or a dict or list of them) or of a list of strings."""
+    if data is None or _texts(data):
+        return None if data is None else data[start:]
+    return keras.tree.map_structure(lambda a: a[start:], data)
 
 
 def _tf_global_seed(tf: Any) -> int | None:

@@ -295,7 +295,8 @@ def resume(
         filepath: The run folder (local, Google Drive mount, ``gs://...`` or another fsspec URL).
         build_model: A function returning the compiled model. With a checkpoint, its model
             receives the saved weights and optimizer state; without one, it starts the run.
-            Defaults to None: load the saved ``.keras`` model as it is.
+            Defaults to None: load the saved ``.keras`` model as it is (a checkpoint saved with
+            ``save_weights_only`` or ``save_trainable_only`` needs it).
         strategy: A ``tf.distribute`` strategy to build and load the model under (TensorFlow).
             Defaults to None.
         distribution: A ``keras.distribution`` (``DataParallel``, ``ModelParallel``; JAX) to

@@ -23,7 +23,7 @@ from keras.src.backend.common import global_state  # noqa: E402
 from keras.src.trainers.data_adapters import array_data_adapter, array_slicing  # noqa: E402
 from keras.src.utils import module_utils  # noqa: E402
 
-from resumable.keras import compat, keras_io, positioning  # noqa: E402
+from resumable.keras import compat, keras_io, positioning, trainable  # noqa: E402
 
 X = np.arange(48, dtype="float32").reshape(12, 4)
 Y = np.arange(12, dtype="float32").reshape(12, 1)
@@ -32,7 +32,8 @@ Y = np.arange(12, dtype="float32").reshape(12, 1)
 @pytest.fixture(autouse=True)
 def fresh_probes() -> Iterator[None]:
     """Each test probes anew, and leaves the probes to find the real Keras again (monkeypatch undone)."""
-    probes: list[Any] = [compat._lazy_tensorflow, compat._seed_generator_api, compat.array_adapters]
+    probes: list[Any] = [compat._lazy_tensorflow, compat._seed_generator_api, compat.array_adapters,
+                         compat._warn_once]
     for probe in probes:
         probe.cache_clear()
     yield
@@ -198,3 +199,62 @@ def test_running_fit_callbacks_outside_a_fit_is_the_callback_alone() -> None:
     recorder.on_train_begin()  # a loop calling callbacks itself keeps no CallbackList
     assert recorder.seen == [recorder]
     assert unrelated.callbacks and recorder not in unrelated.callbacks
+
+
+# ----------------------------------------------------------------------------- layers' own variables
+
+
+def fine_tune_model() -> Any:
+    """A frozen BatchNormalization, a Dense with LoRA (its kernel frozen), a trained BatchNormalization."""
+    keras.utils.set_random_seed(1)
+    frozen_bn, lora = keras.layers.BatchNormalization(name="frozen_bn"), keras.layers.Dense(8, name="lora")
+    trained_bn, out = keras.layers.BatchNormalization(name="bn"), keras.layers.Dense(1, name="out")
+    model = keras.Sequential([keras.Input((4,)), frozen_bn, lora, trained_bn, out])
+    frozen_bn.trainable = False
+    lora.enable_lora(2)
+    return model
+
+
+def paths(variables: list[Any]) -> list[str]:
+    return [v.path.split("/", 1)[1] for v in variables]
+
+
+def test_trained_non_trainable_variables_are_the_statistics_of_trained_layers() -> None:
+    model = fine_tune_model()
+    found = compat.trained_non_trainable_variables(model)
+    assert paths(found or []) == ["bn/moving_mean", "bn/moving_variance"]
+    assert paths(trainable.frozen_variables(model)) == [
+        "frozen_bn/gamma", "frozen_bn/beta", "frozen_bn/moving_mean", "frozen_bn/moving_variance",
+        "lora/kernel"]
+
+
+def test_without_the_layer_internals_trainable_only_holds_every_float_non_trainable_weight(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    model = fine_tune_model()
+    # Keras itself reads the attribute: a later Keras would have renamed it, not removed it.
+    monkeypatch.setattr(compat, "_OWN_NON_TRAINABLE", "_renamed_in_a_later_keras")
+    with caplog.at_level(logging.WARNING, logger="resumable"):
+        assert compat.trained_non_trainable_variables(model) is None
+        assert compat.trained_non_trainable_variables(model) is None
+        assert trainable.frozen_variables(model) == []  # bigger checkpoints, still exact
+    warned = [r.getMessage() for r in caplog.records if "_non_trainable_variables" in r.getMessage()]
+    assert len(warned) == 1 and keras.__version__ in warned[0] and "\n" not in warned[0]
+
+
+def test_lora_layer_variables_are_the_own_variables_of_lora_layers() -> None:
+    model = fine_tune_model()
+    assert paths(compat.lora_layer_variables(model) or []) == [
+        "lora/kernel", "lora/bias", "lora/lora_kernel_a", "lora/lora_kernel_b"]
+
+
+def test_lora_layer_variables_without_the_internal_is_none_and_says_so_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    model = fine_tune_model()
+    monkeypatch.delattr(keras.layers.Layer, "_flatten_layers")
+    with caplog.at_level(logging.WARNING, logger="resumable"):
+        assert compat.lora_layer_variables(model) is None
+        assert compat.lora_layer_variables(model) is None
+    warned = [r.getMessage() for r in caplog.records if "LoRA" in r.getMessage()]
+    assert len(warned) == 1 and keras.__version__ in warned[0] and "\n" not in warned[0]

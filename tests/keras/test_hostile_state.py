@@ -137,6 +137,13 @@ HOSTILE_STATES = {
     "optimizer-iterations-string": (state_with(optimizer={"class": "Adam", "iterations": "2"}),
                                     "field optimizer"),
     "stopped-early-string": (state_with(stopped_early="yes"), "field stopped_early"),
+    "trainable-list": (state_with(trainable=[]), "field trainable: expected an object"),
+    "trainable-weights-pairs": (
+        state_with(trainable={"weights": [["lora_a", [4]]], "optimizer": [],
+                              "frozen": {"crc32c": "00", "variables": 1, "bytes": 4}}),
+        "field trainable.weights"),
+    "trainable-frozen-missing": (state_with(trainable={"weights": [], "optimizer": []}),
+                                 "field trainable.frozen"),
 }
 
 
