@@ -334,6 +334,9 @@ def test_two_jax_processes_only_process_0_writes_and_both_resume_alike(tmp_path:
     assert latest is not None and latest.manifest is not None and latest.epoch == 4
     assert (latest.manifest.processes, latest.manifest.devices) == (2, 2)
     assert json.loads((url / latest.name / "manifest.json").read_text())["devices"] == 2
-    # Process 1 downloaded the checkpoint into a cache of its own, not into process 0's.
-    own_cache = Path(f"{default_staging_dir(RunStorage(str(url)).url)}-p1") / "cache"
-    assert (own_cache / line(second[1], "RESUMED").split()[1] / "state.json").is_file()
+    # A local run folder: both processes loaded the checkpoint where it is, checked in place,
+    # and neither copied it into a cache (process 1's, when it downloads, is its own: "-p1").
+    resumed = line(second[1], "RESUMED").split()[1]
+    staging = default_staging_dir(RunStorage(str(url)).url)
+    for cache in (staging / "cache", Path(f"{staging}-p1") / "cache"):
+        assert not (cache / resumed).exists()
