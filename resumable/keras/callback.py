@@ -599,6 +599,9 @@ class CheckpointCallback(keras.callbacks.Callback):
                 taken = keras_io.snapshot(self.model, weights_only=self.save_weights_only, state=state,
                                           arrays=arrays)
         write = functools.partial(self._write_staged, taken, name) if taken is not None else None
+        if taken is not None and not taken.fits_in(staging):  # said now, as a synchronous save would
+            self._no_room(name)
+            return
         if taken is None and not self._serialize(staging, name, state, arrays):
             return
         self._last_saved_step = step
@@ -627,11 +630,15 @@ class CheckpointCallback(keras.callbacks.Callback):
             if e.errno not in NO_SPACE_ERRNOS:
                 raise
             self.manager.discard(staging)  # half a checkpoint would only hold the space
-            self._last_save_time = time.monotonic()
-            warnings.warn(f"resumable: {_no_staging_space(self.staging_dir, name, self.last_checkpoint)}",
-                          stacklevel=3)
+            self._no_room(name)
             return False
         return True
+
+    def _no_room(self, name: str) -> None:
+        """The staging disk cannot hold checkpoint ``name``: one warning, training goes on."""
+        self._last_save_time = time.monotonic()
+        warnings.warn(f"resumable: {_no_staging_space(self.staging_dir, name, self.last_checkpoint)}",
+                      stacklevel=4)
 
     def _write_staged(self, taken: keras_io.ModelSnapshot, name: str, staging: Path) -> None:
         """Write a snapshot's files into ``staging`` (the uploader's thread, when in the background)."""

@@ -13,6 +13,7 @@ the caller serializes the usual way.
 
 from __future__ import annotations
 
+import errno
 import json
 import shutil
 import tempfile
@@ -31,6 +32,7 @@ MODEL_FILE = "model.keras"
 WEIGHTS_FILE = "model.weights.h5"
 STATE_FILE = "state.json"
 ARRAYS_FILE = "arrays.npz"
+SPACE_MARGIN = 4 * 2**20  # bytes beyond the values: HDF5's and the zip's own records, state.json
 
 
 @dataclass
@@ -49,9 +51,27 @@ class ModelSnapshot:
         held = sum(int(getattr(v.value, "nbytes", 0)) for v in self.values)
         return held + sum(int(a.nbytes) for a in self.arrays.values())
 
+    @property
+    def space_needed(self) -> int:
+        """Disk bytes `write` needs: a .keras is a weights file first, then zipped (twice, briefly)."""
+        return self.nbytes * (1 if self.model_json is None else 2) + SPACE_MARGIN
+
+    def fits_in(self, folder: Path) -> bool:
+        """True when the disk holding ``folder`` (or its nearest existing parent) has the space."""
+        existing = folder
+        while not existing.exists() and existing.parent != existing:
+            existing = existing.parent
+        return shutil.disk_usage(existing).free >= self.space_needed
+
     def write(self, folder: Path) -> None:
-        """Write the checkpoint's files into ``folder`` (created if needed)."""
+        """Write the checkpoint's files into ``folder`` (created if needed).
+
+        OSError(ENOSPC) before anything is written when the disk cannot hold them: HDF5 can
+        crash the process when it closes a file whose writes failed for want of space.
+        """
         folder.mkdir(parents=True, exist_ok=True)
+        if not self.fits_in(folder):
+            raise OSError(errno.ENOSPC, f"{self.space_needed:,} bytes needed", str(folder))
         if self.model_json is None:
             compat.write_weights(self.values, str(folder / WEIGHTS_FILE))
         else:
