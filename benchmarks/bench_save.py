@@ -114,7 +114,7 @@ class RSS:
     """Samples this process' resident set size every few milliseconds in a thread."""
 
     def __init__(self) -> None:
-        self.peak = self.now()
+        self.peak = self.base = self.now()
         self._lock = threading.Lock()  # a window's reset must not be overwritten by an older peak
         self._stop = threading.Event()
         threading.Thread(target=self._run, daemon=True).start()
@@ -132,8 +132,12 @@ class RSS:
     def window(self) -> int:
         """Start a window: the peak restarts from now; returns the baseline."""
         with self._lock:
-            self.peak = base = self.now()
-        return base
+            self.peak = self.base = self.now()
+        return self.base
+
+    def over(self) -> float:
+        """MB the peak of the current window stands above its baseline."""
+        return (self.peak - self.base) / 2**20
 
     def stop(self) -> None:
         self._stop.set()

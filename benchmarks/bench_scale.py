@@ -20,36 +20,12 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-
-class PeakRSS:
-    """The process's peak resident memory above a baseline, sampled every 5 ms."""
-
-    def __init__(self) -> None:
-        self.base = self.peak = self.now()
-        self._stop = threading.Event()
-        threading.Thread(target=self._run, daemon=True).start()
-
-    @staticmethod
-    def now() -> int:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.005):
-            self.peak = max(self.peak, self.now())
-
-    def window(self) -> None:
-        self.base = self.peak = self.now()
-
-    def over(self) -> float:
-        return (self.peak - self.base) / 2**20
-
+from bench_save import RSS  # noqa: E402  (the same sampler as the save benchmark)
 
 LOADS = ("load_model", "resume(build_model)", "resume()")
 
@@ -81,7 +57,7 @@ def load_once(args: argparse.Namespace) -> int:
 
     latest = resumable.RunStorage(args.folder).latest()
     assert latest is not None
-    rss = PeakRSS()
+    rss = RSS()
     started = time.perf_counter()
     if args.load == "load_model":
         keras.saving.load_model(f"{args.folder}/{latest.name}/model.keras")
@@ -116,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     y = np.random.default_rng(1).integers(0, 10, 64)
     model = build()
     print(f"{model.count_params() / 1e6:.0f}M parameters, {keras.backend.backend()}", flush=True)
-    rss = PeakRSS()
+    rss = RSS()
     blocked: list[float] = []
     peaks: list[float] = []
     alone: list[float] = []
