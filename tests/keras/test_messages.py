@@ -23,7 +23,8 @@ from resumable import RunStorage
 
 TAKEOVER_JOB = JOBS / "takeover_job.py"
 LEASE_JOB = JOBS / "lease_job.py"
-ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+# Without VIRTUAL_ENV: IPython warns, naming site-packages, when another virtualenv is activated.
+ENV = {**{k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}, "TF_CPP_MIN_LOG_LEVEL": "3"}
 
 # ---------------------------------------------------------------------- a run taken over: one line
 
