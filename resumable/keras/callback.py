@@ -32,6 +32,7 @@ from resumable.storage.lease import DEFAULT_TIMEOUT, check_timeout
 logger = logging.getLogger("resumable")
 
 _MODEL_FILE_SUFFIXES = (".keras", ".h5", ".hdf5", ".weights.h5")
+DEFAULT_SHARD_GIB = 1.0  # checkpoints' weights over this go to shards: several transfers at once
 
 _Hook = TypeVar("_Hook", bound=Callable[..., None])
 
@@ -91,6 +92,11 @@ class CheckpointCallback(keras.callbacks.Callback):
             a fingerprint of them is recorded: `resumable.resume` needs ``build_model`` and
             refuses a model whose frozen weights differ. For fine-tuning large models, where the
             frozen part is gigabytes. Defaults to False.
+        max_shard_size: Weights bigger than this many GiB are written as Keras' sharded
+            weights (``model.weights.json`` and shards of at most this size, as
+            ``model.save_weights(..., max_shard_size=)`` writes them): each shard has its own
+            checksum, the shards are uploaded and downloaded several at a time and loaded one
+            at a time. None writes one file whatever the size. Defaults to 1.0.
         save_freq: ``"epoch"`` to save at the end of every epoch, or an int N to also save
             every N batches (mid-epoch checkpoints, at optimizer steps that are multiples of N).
             Defaults to ``"epoch"``.
@@ -146,6 +152,7 @@ class CheckpointCallback(keras.callbacks.Callback):
         async_upload: bool = True,
         takeover: bool = False,
         lease_timeout: float | datetime.timedelta = DEFAULT_TIMEOUT,
+        max_shard_size: float | None = DEFAULT_SHARD_GIB,
     ) -> None:
         super().__init__()
         _check_filepath(filepath)
@@ -181,6 +188,7 @@ class CheckpointCallback(keras.callbacks.Callback):
                 f"save_trainable_only={save_trainable_only!r}. Expected True or False."
             )
         self.save_trainable_only = save_trainable_only
+        self.max_shard_size = _check_max_shard_size(max_shard_size)
         lease_seconds = check_timeout(lease_timeout)
         self.monitor = monitor
         self.mode = resolve_mode(monitor, mode)
@@ -597,20 +605,20 @@ class CheckpointCallback(keras.callbacks.Callback):
         if not self.save_trainable_only:
             with self.manager.serializing():
                 taken = keras_io.snapshot(self.model, weights_only=self.save_weights_only, state=state,
-                                          arrays=arrays)
+                                          arrays=arrays, max_shard_size=self.max_shard_size)
         write = functools.partial(self._write_staged, taken, name) if taken is not None else None
         if taken is not None and not taken.fits_in(staging):  # said now, as a synchronous save would
             self._no_room(name)
             return
-        if taken is None and not self._serialize(staging, name, state, arrays):
+        payload = taken.payload if taken is not None else self._serialize(staging, name, state, arrays)
+        if payload is None:
             return
         self._last_saved_step = step
         processes, devices = keras_io.topology(self.model, self.strategy)
         manifest = Manifest(
             epoch=epoch, step=step, batch=batch, metrics=logs, versions=keras_io.versions(),
             state=self._summary(callback_states), processes=processes, devices=devices,
-            payload=keras_io.payload_file(weights_only=self.save_weights_only,
-                                          trainable_only=self.save_trainable_only),
+            payload=payload,
         )
         self._save_started = started
         self.manager.submit(staging, name, manifest, write=write)
@@ -619,20 +627,22 @@ class CheckpointCallback(keras.callbacks.Callback):
                         time.monotonic() - started)
         self._last_save_time = time.monotonic()  # the interval counts training, not saving
 
-    def _serialize(self, staging: Path, name: str, state: dict[str, Any], arrays: dict[str, Any]) -> bool:
-        """Save the model into ``staging`` while training waits; False (warned) when the disk is full."""
+    def _serialize(self, staging: Path, name: str, state: dict[str, Any],
+                   arrays: dict[str, Any]) -> str | None:
+        """Save the model into ``staging`` while training waits; the payload file's name, or None
+        (warned) when the disk is full."""
         self.manager.uploader.drop_cached()  # Keras writes here now: the old copy goes first
         try:
             with self.manager.serializing():
-                keras_io.save(self.model, staging, weights_only=self.save_weights_only, state=state,
-                              arrays=arrays, trainable_only=self.save_trainable_only)
+                return keras_io.save(self.model, staging, weights_only=self.save_weights_only, state=state,
+                                     arrays=arrays, trainable_only=self.save_trainable_only,
+                                     max_shard_size=self.max_shard_size)
         except OSError as e:
             if e.errno not in NO_SPACE_ERRNOS:
                 raise
             self.manager.discard(staging)  # half a checkpoint would only hold the space
             self._no_room(name)
-            return False
-        return True
+            return None
 
     def _no_room(self, name: str) -> None:
         """The staging disk cannot hold checkpoint ``name``: one warning, training goes on."""
@@ -770,6 +780,18 @@ def _check_filepath(filepath: Any) -> None:
             "checkpoint names come from `filename`. "
             "To write model files by name, use resumable.ModelCheckpoint."
         )
+
+
+def _check_max_shard_size(max_shard_size: Any) -> float | None:
+    if max_shard_size is None:
+        return None
+    if isinstance(max_shard_size, bool) or not isinstance(max_shard_size, (int, float)) or not (
+            math.isfinite(max_shard_size) and max_shard_size > 0):
+        raise ValueError(
+            f"Invalid value for argument `max_shard_size`. Received: max_shard_size={max_shard_size!r}. "
+            "Expected a size in GiB greater than 0, such as 1.0, or None for one file."
+        )
+    return float(max_shard_size)
 
 
 def _check_save_interval(save_interval: Any) -> float | None:

@@ -369,11 +369,38 @@ def _optimizers_hand_over_variables(model: keras.Model) -> Iterator[None]:
             del o.save_own_variables
 
 
+@functools.cache
+def _sharded_store() -> Any:
+    """Keras' ``ShardedH5IOStore`` (Keras 3.11+); None, said once, when this Keras lacks it."""
+    saving_lib = _saving_lib()
+    store = getattr(saving_lib, "ShardedH5IOStore", None) if saving_lib is not None else None
+    if store is None:
+        logger.warning("%s; big checkpoints are written as one file",
+                       unsupported("keras.src.saving.saving_lib.ShardedH5IOStore"))
+    return store
+
+
+def can_shard() -> bool:
+    """Whether this Keras writes and reads sharded weights (``model.weights.json`` and its shards)."""
+    return _sharded_store() is not None
+
+
+def write_sharded_weights(values: list[SavedValue], path: str, max_shard_size: float) -> None:
+    """Write `saved_values` as Keras' sharded weights: ``path`` (a ``.weights.json`` map) and its
+    ``*_00000.weights.h5`` shards of at most ``max_shard_size`` GiB each, as
+    ``model.save_weights(path, max_shard_size=...)`` writes them; ``model.load_weights(path)`` reads them."""
+    store = _sharded_store()(path, max_shard_size, mode="w")
+    _fill(store, values)
+
+
 def write_weights(values: list[SavedValue], path: str) -> None:
     """Write `saved_values` as the ``.weights.h5`` file Keras would have written, with its store."""
     saving_lib = _saving_lib()
     assert saving_lib is not None  # saved_values returned values
-    store = saving_lib.H5IOStore(path, mode="w")
+    _fill(saving_lib.H5IOStore(path, mode="w"), values)
+
+
+def _fill(store: Any, values: list[SavedValue]) -> None:
     try:
         entry: tuple[str, dict[str, Any] | None] | None = None
         for value in values:
@@ -383,6 +410,34 @@ def write_weights(values: list[SavedValue], path: str) -> None:
             store[value.key] = value.value
     finally:
         store.close()
+
+
+def load_unzipped_model(config: str, weights: str, assets: str | None) -> keras.Model:
+    """The model of an unzipped ``.keras`` whose weights are sharded: what ``keras.saving.load_model``
+    does for a folder, reading the weights with ``ShardedH5IOStore`` a shard at a time (Keras' own
+    folder loader knows only one ``model.weights.h5``). ``config``: config.json's text; ``weights``:
+    the ``.weights.json`` map; ``assets``: the assets folder, if any. Raises ValueError as Keras does."""
+    saving_lib = _saving_lib()
+    store_type = _sharded_store()
+    needed = ("_model_from_config", "_load_state", "_raise_loading_failure")
+    if saving_lib is None or store_type is None or not all(hasattr(saving_lib, n) for n in needed):
+        raise ValueError(unsupported("keras.src.saving.saving_lib's folder loading (_load_state)")
+                         + " to read sharded weights")
+    model = saving_lib._model_from_config(config, None, True, True)
+    weights_store = store_type(weights, mode="r")
+    assets_store = saving_lib.DiskIOStore(assets, mode="r") if assets is not None else None
+    failed: set[int] = set()
+    errors: dict[int, Any] = {}
+    try:
+        saving_lib._load_state(model, weights_store=weights_store, assets_store=assets_store, inner_path="",
+                               visited_saveables=set(), failed_saveables=failed, error_msgs=errors)
+    finally:
+        weights_store.close()
+        if assets_store is not None:
+            assets_store.close()
+    if failed:
+        saving_lib._raise_loading_failure(errors)
+    return model
 
 
 def model_json(model: keras.Model) -> tuple[str, str]:

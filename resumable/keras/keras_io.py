@@ -10,6 +10,9 @@ under a TPU strategy needs no ``experimental_io_device``.
 Files of a checkpoint folder:
 
 - ``model.keras`` (or ``model.weights.h5`` with ``save_weights_only``): weights and optimizer state;
+  weights over ``max_shard_size`` GiB in Keras' shards instead: ``model.weights.json`` and
+  ``model_00000.weights.h5``, ... (with ``config.json``, ``metadata.json`` and ``assets/`` of a
+  full model: an unzipped ``.keras``; `snapshot.py`);
   with ``save_trainable_only``, ``trainable.npz`` instead: what trains and its optimizer state
   (``trainable.py``), the frozen weights named by a fingerprint in ``state.json``.
 - ``state.json``: history, callback states, RNG states, the weight layout (to name mismatches);
@@ -50,7 +53,16 @@ from resumable.core.errors import (
 from resumable.keras import compat, lora, trainable
 
 # The file names come from the module that writes them; callers know them from here.
-from resumable.keras.snapshot import ARRAYS_FILE, MODEL_FILE, STATE_FILE, WEIGHTS_FILE, ModelSnapshot
+from resumable.keras.snapshot import (
+    ARRAYS_FILE,
+    ASSETS_FOLDER,
+    CONFIG_FILE,
+    MODEL_FILE,
+    SHARDS_FILE,
+    STATE_FILE,
+    WEIGHTS_FILE,
+    ModelSnapshot,
+)
 from resumable.keras.snapshot import take as take_snapshot
 
 logger = logging.getLogger("resumable")
@@ -71,19 +83,23 @@ CALLBACK_FIELDS: dict[str, tuple[str, ...]] = {
 
 
 def save(model: keras.Model, folder: Path, *, weights_only: bool, state: dict[str, Any],
-         arrays: dict[str, np.ndarray] | None = None, trainable_only: bool = False) -> None:
-    """Write the model (with its optimizer state), ``state.json`` and callback arrays to ``folder``.
+         arrays: dict[str, np.ndarray] | None = None, trainable_only: bool = False,
+         max_shard_size: float | None = None) -> str:
+    """Write the model (with its optimizer state), ``state.json`` and callback arrays to ``folder``;
+    returns the payload file's name (the manifest's ``payload``).
 
     ``trainable_only``: only what trains and its optimizer state (``trainable.npz``), with the
-    frozen weights' fingerprint in ``state.json``.
+    frozen weights' fingerprint in ``state.json``. ``max_shard_size``: weights over this many
+    GiB go to shards of at most that size.
     """
     if trainable_only:
         _save_trainable(model, folder, state, arrays)
-        return
-    taken = snapshot(model, weights_only=weights_only, state=state, arrays=arrays)
+        return trainable.TRAINABLE_FILE
+    taken = snapshot(model, weights_only=weights_only, state=state, arrays=arrays,
+                     max_shard_size=max_shard_size)
     if taken is not None:
         taken.write(folder)
-        return
+        return taken.payload
     folder.mkdir(parents=True, exist_ok=True)  # a Keras without the internals snapshots need
     with _no_tensorflow_import(), _no_distribution():
         if weights_only:
@@ -94,11 +110,7 @@ def save(model: keras.Model, folder: Path, *, weights_only: bool, state: dict[st
     arrays = _all_arrays(model, arrays)
     if arrays:
         np.savez(folder / ARRAYS_FILE, **arrays)  # type: ignore[arg-type]
-
-
-def payload_file(*, weights_only: bool, trainable_only: bool) -> str:
-    """The file of a checkpoint a loader opens (the manifest's ``payload``)."""
-    return trainable.TRAINABLE_FILE if trainable_only else WEIGHTS_FILE if weights_only else MODEL_FILE
+    return WEIGHTS_FILE if weights_only else MODEL_FILE
 
 
 def _save_trainable(model: keras.Model, folder: Path, state: dict[str, Any],
@@ -121,7 +133,8 @@ def _all_arrays(model: keras.Model, arrays: dict[str, np.ndarray] | None) -> dic
 
 
 def snapshot(model: keras.Model, *, weights_only: bool, state: dict[str, Any],
-             arrays: dict[str, np.ndarray] | None = None) -> ModelSnapshot | None:
+             arrays: dict[str, np.ndarray] | None = None, max_shard_size: float | None = None
+             ) -> ModelSnapshot | None:
     """What `save` writes, copied into host memory now, to be written later (`ModelSnapshot.write`).
 
     Training waits only for this copy; None on a Keras without the internals it needs.
@@ -131,7 +144,7 @@ def snapshot(model: keras.Model, *, weights_only: bool, state: dict[str, Any],
     arrays = {key: np.array(value, copy=True) for key, value in _all_arrays(model, arrays).items()}
     with _no_tensorflow_import(), _no_distribution():
         return take_snapshot(model, weights_only=weights_only, state=_checkpoint_state(model, state),
-                             arrays=arrays)
+                             arrays=arrays, max_shard_size=max_shard_size)
 
 
 def _checkpoint_state(model: keras.Model, state: dict[str, Any]) -> dict[str, Any]:
@@ -336,12 +349,12 @@ def load_model(folder: Path, build_model: Callable[[], keras.Model] | None, *, s
                     "function building and compiling the same model, e.g. from_preset + enable_lora> "
                     "to resumable.resume()"
                 )
-            if weights_file.name == WEIGHTS_FILE:
+            if weights_file.name == WEIGHTS_FILE or not (folder / CONFIG_FILE).is_file():
                 raise CheckpointNotFoundError(
                     f"{where} holds weights only (save_weights_only=True); pass build_model=<a function "
                     "returning the compiled model> to resumable.resume()"
                 )
-            model = keras.saving.load_model(str(weights_file))
+            model = _load_saved_model(folder, weights_file)
         else:
             model = build(build_model)
             _ensure_built(model, state.get("model", {}), where)
@@ -356,9 +369,19 @@ def load_model(folder: Path, build_model: Callable[[], keras.Model] | None, *, s
     return model
 
 
+def _load_saved_model(folder: Path, weights_file: Path) -> keras.Model:
+    """The model as saved: a ``.keras`` file, or an unzipped one with sharded weights."""
+    if weights_file.name != SHARDS_FILE:
+        return keras.saving.load_model(str(weights_file))
+    assets = folder / ASSETS_FOLDER
+    return compat.load_unzipped_model((folder / CONFIG_FILE).read_text(), str(weights_file),
+                                      str(assets) if assets.is_dir() else None)
+
+
 def _weights_file(folder: Path, layout: dict[str, Any] | None, where: str) -> Path:
-    """The file holding the checkpoint's weights: model.weights.h5, model.keras or trainable.npz."""
-    names = [trainable.TRAINABLE_FILE] if layout is not None else [WEIGHTS_FILE, MODEL_FILE]
+    """The file holding the checkpoint's weights: model.weights.h5, model.keras, model.weights.json
+    (sharded weights) or trainable.npz."""
+    names = [trainable.TRAINABLE_FILE] if layout is not None else [WEIGHTS_FILE, MODEL_FILE, SHARDS_FILE]
     for name in names:
         if (folder / name).is_file():
             return folder / name

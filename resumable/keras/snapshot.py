@@ -7,6 +7,13 @@ then writes, in any thread and while training goes on, the files `keras_io.save`
 ``keras.saving.load_model`` and ``model.load_weights`` read. The values are those of the step
 the snapshot was taken at, so a resume from it is as exact as from a synchronous save.
 
+Weights over ``max_shard_size`` GiB are written as Keras' sharded weights instead: the map
+``model.weights.json`` and shards ``model_00000.weights.h5``, ... of at most that size (the
+biggest single variable, when it is bigger), which ``model.load_weights("model.weights.json")``
+reads; a full model adds what an unzipped ``.keras`` holds beside them (``config.json``,
+``metadata.json``, ``assets/``). Each shard is a file of its own in the manifest, with its own
+checksum, moved concurrently with the others and loaded one at a time.
+
 On a Keras without the internals this needs (`compat.saved_values`), `take` returns None and
 the caller serializes the usual way.
 """
@@ -30,9 +37,14 @@ from resumable.keras import compat
 
 MODEL_FILE = "model.keras"
 WEIGHTS_FILE = "model.weights.h5"
+SHARDS_FILE = "model.weights.json"  # Keras' map of sharded weights, beside model_00000.weights.h5, ...
+CONFIG_FILE = "config.json"  # an unzipped .keras: config.json, metadata.json, assets/
+METADATA_FILE = "metadata.json"
+ASSETS_FOLDER = "assets"
 STATE_FILE = "state.json"
 ARRAYS_FILE = "arrays.npz"
 SPACE_MARGIN = 4 * 2**20  # bytes beyond the values: HDF5's and the zip's own records, state.json
+GIB = 2**30  # Keras' max_shard_size counts in these
 
 
 @dataclass
@@ -44,6 +56,18 @@ class ModelSnapshot:
     state: dict[str, Any]  # JSON-ready: state.json
     arrays: dict[str, np.ndarray] = field(default_factory=dict)
     assets: Path | None = None  # a temporary folder of the model's assets, if it has any
+    max_shard_size: float | None = None  # GiB; weights over this are written in shards
+
+    @property
+    def sharded(self) -> bool:
+        """Whether the weights go to shards: bigger than ``max_shard_size``, on a Keras that shards."""
+        return (self.max_shard_size is not None and self.nbytes > self.max_shard_size * GIB
+                and compat.can_shard())
+
+    @property
+    def payload(self) -> str:
+        """The file a loader opens (the manifest's ``payload``)."""
+        return SHARDS_FILE if self.sharded else WEIGHTS_FILE if self.model_json is None else MODEL_FILE
 
     @property
     def nbytes(self) -> int:
@@ -54,7 +78,7 @@ class ModelSnapshot:
     @property
     def space_needed(self) -> int:
         """Disk bytes `write` needs: a .keras is a weights file first, then zipped (twice, briefly)."""
-        return self.nbytes * (1 if self.model_json is None else 2) + SPACE_MARGIN
+        return self.nbytes * (1 if self.model_json is None or self.sharded else 2) + SPACE_MARGIN
 
     def fits_in(self, folder: Path) -> bool:
         """True when the disk holding ``folder`` (or its nearest existing parent) has the space."""
@@ -72,13 +96,29 @@ class ModelSnapshot:
         folder.mkdir(parents=True, exist_ok=True)
         if not self.fits_in(folder):
             raise OSError(errno.ENOSPC, f"{self.space_needed:,} bytes needed", str(folder))
-        if self.model_json is None:
+        if self.sharded:
+            self._write_shards(folder)
+        elif self.model_json is None:
             compat.write_weights(self.values, str(folder / WEIGHTS_FILE))
         else:
             self._write_archive(folder / MODEL_FILE, folder)
         (folder / STATE_FILE).write_text(json.dumps(self.state, indent=1))
         if self.arrays:
             np.savez(folder / ARRAYS_FILE, **self.arrays)  # type: ignore[arg-type]
+
+    def _write_shards(self, folder: Path) -> None:
+        """Keras' sharded weights and, for a full model, an unzipped ``.keras``'s other files."""
+        assert self.max_shard_size is not None
+        if self.model_json is not None:
+            config, metadata = self.model_json
+            (folder / CONFIG_FILE).write_text(config)
+            (folder / METADATA_FILE).write_text(metadata)
+            if self.assets is not None:
+                shutil.copytree(self.assets, folder / ASSETS_FOLDER)
+        # Keras refuses a variable bigger than a shard; here it gets a shard of its own.
+        biggest = max((int(getattr(v.value, "nbytes", 0)) for v in self.values), default=0)
+        compat.write_sharded_weights(self.values, str(folder / SHARDS_FILE),
+                                     max(self.max_shard_size, biggest / GIB))
 
     def _write_archive(self, path: Path, folder: Path) -> None:
         """A ``.keras`` zip as ``model.save`` writes it: metadata, config, weights, assets."""
@@ -104,7 +144,7 @@ def _add_folder(archive: zipfile.ZipFile, folder: Path, name: str) -> None:
 
 
 def take(model: keras.Model, *, weights_only: bool, state: dict[str, Any],
-         arrays: dict[str, np.ndarray]) -> ModelSnapshot | None:
+         arrays: dict[str, np.ndarray], max_shard_size: float | None = None) -> ModelSnapshot | None:
     """Copy what a checkpoint of ``model`` holds into host memory; None without Keras' internals."""
     assets = None if weights_only else Path(tempfile.mkdtemp(prefix="resumable-assets-"))
     try:
@@ -119,7 +159,7 @@ def take(model: keras.Model, *, weights_only: bool, state: dict[str, Any],
     if assets is not None and not any(assets.iterdir()):
         shutil.rmtree(assets, ignore_errors=True)
         assets = None
-    taken = ModelSnapshot(values, model_json, state, arrays, assets)
+    taken = ModelSnapshot(values, model_json, state, arrays, assets, max_shard_size)
     if assets is not None:  # a snapshot dropped unwritten (a newer one replaced it) leaves nothing
         weakref.finalize(taken, shutil.rmtree, assets, True)
     return taken

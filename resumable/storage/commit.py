@@ -18,7 +18,7 @@ Commit, in order:
    commit (or a corrupt one) and is deleted; a good manifest, or one of a newer format, means
    the checkpoint is committed already (CheckpointExistsError: never overwritten).
 2. Upload each file, streamed and checksummed as it is sent, and check the stored copy's
-   size (and CRC32C on GCS) before going on (`transfers`).
+   size (and CRC32C on GCS) before going on (`transfers`; big shards several at a time).
 3. Check the writer still holds the run (`fence`: a fresh read of the lease, so a writer
    taken over while it uploaded commits nothing). Write the manifest create-only (GCS'
    ``ifGenerationMatch=0``, an exclusive create locally, fsynced with its folder entry),
@@ -110,9 +110,8 @@ class Committer:
         self._clear_leftovers(name)
         entries = {}
         try:
-            for rel, path in files.items():
-                entries[rel] = self._transfers.upload(path, name, rel, progress=progress,
-                                                      between_chunks=between_chunks or _go_on)
+            entries = self._transfers.upload_all(files, name, progress=progress,
+                                                 between_chunks=between_chunks or _go_on)
             manifest = replace(manifest, files=entries, created=now_iso())
             self._check_fence()
             self._write_manifest(name, manifest.to_json())

@@ -16,6 +16,7 @@ once and its outcome. The stream and the clock are arguments, for tests.
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from collections.abc import Callable
 from types import TracebackType
@@ -51,7 +52,7 @@ class Progress:
     """Bytes moved of one transfer, shown as the stream allows (see the module docstring).
 
     Use `byte_progress` to make one; `update` adds bytes, `to` sets the total moved, `close`
-    ends it (a context manager does too).
+    ends it (a context manager does too). Several threads may move one (files sent together).
     """
 
     def __init__(self, size: int, what: str, *, stream: TextIO | None = None, bar: bool | None = None,
@@ -74,11 +75,17 @@ class Progress:
         self._started = clock()
         self._last_line = self._started
         self._closed = False
+        self._lock = threading.Lock()
 
     def update(self, n: int) -> None:
-        self.to(self.done + n)
+        with self._lock:
+            self._to(self.done + n)
 
     def to(self, done: int) -> None:
+        with self._lock:
+            self._to(done)
+
+    def _to(self, done: int) -> None:
         step = done - self.done
         self.done = done
         if self._bar is not None:
@@ -122,15 +129,26 @@ def byte_progress(size: int, what: str, **options: Any) -> Progress:
     return Progress(size, what, **options)
 
 
-def fsspec_callback(progress: Progress) -> Any:
-    """An fsspec ``Callback`` that moves ``progress`` (for ``fs.get_file(..., callback=)``)."""
+def fsspec_callback(progress: Progress, *, relative: bool = False) -> Any:
+    """An fsspec ``Callback`` that moves ``progress`` (for ``fs.get_file(..., callback=)``).
+
+    ``relative``: the file's bytes add to ``progress``, which counts several files.
+    """
     from fsspec.callbacks import Callback
 
     class _Moved(Callback):
-        def call(self, *args: Any, **kwargs: Any) -> None:
-            progress.to(int(self.value))
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.counted = 0
 
-    return _Moved(size=progress.size)
+        def call(self, *args: Any, **kwargs: Any) -> None:
+            if not relative:
+                progress.to(int(self.value))
+                return
+            step, self.counted = int(self.value) - self.counted, int(self.value)
+            progress.update(step)
+
+    return _Moved(size=None if relative else progress.size)
 
 
 class WaitLine:

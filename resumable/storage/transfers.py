@@ -1,18 +1,24 @@
-"""Moving checkpoint files: upload one file and check the stored copy, download and check, verify.
+"""Moving checkpoint files: upload files and check the stored copies, download and check, verify.
 
 Files are streamed in chunks and checksummed (CRC32C) as they go, never read whole into
 memory. ``progress`` shows the progress of files of `PROGRESS_MIN_BYTES` or more: a tqdm bar
 on a terminal or in a notebook, a few plain lines and a summary in a log (`progress`).
+
+A checkpoint with several big files (a model's weights in shards) moves `FILES_AT_ONCE` of
+them at a time, under one progress bar for all of them: one stream is limited by its round
+trips, several share the bandwidth. The others go one after another.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import errno
 import functools
 import os
 import shutil
-from collections.abc import Callable, Iterator
+import threading
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +30,7 @@ from resumable.storage import gcs_upload, gcsfs_compat
 from resumable.storage.errors import NO_SPACE_ERRNOS, free_space
 from resumable.storage.folder import RunFolder, listed_file
 from resumable.storage.local_files import LINK_PROBLEM, LinkInRunError, clear_for_write, fsync, open_inside
-from resumable.storage.progress import byte_progress, fsspec_callback
+from resumable.storage.progress import Progress, byte_progress, fsspec_callback
 from resumable.storage.records import CheckpointInfo, Status, mismatch
 
 PROGRESS_MIN_BYTES = 4 * 1024 * 1024  # files at least this big get a progress bar when asked
@@ -35,6 +41,8 @@ SLICED_MIN_BYTES = 32 * 2**20
 SLICE_BYTES = 16 * 2**20
 SLICES_AT_ONCE = 4
 STREAM_MIN_BYTES = 8 * 2**20  # GCS files this big go up as one streamed request (see gcs_upload)
+FILES_AT_ONCE = 4  # big files of one checkpoint in flight at a time (each its own stream)
+TOGETHER_MIN_BYTES = 64 * 2**20  # files this big move together, when a checkpoint has two or more
 
 
 class Transfers:
@@ -43,11 +51,42 @@ class Transfers:
     def __init__(self, folder: RunFolder) -> None:
         self._folder = folder
 
+    def upload_all(self, files: dict[str, Path], name: str, *, progress: bool,
+                   between_chunks: Callable[[], None]) -> dict[str, FileEntry]:
+        """Upload files (by path relative to checkpoint ``name``) and check the stored copies;
+        each one's size and CRC32C as sent. Big files go several at a time (module docstring).
+
+        ``between_chunks`` is called before each chunk is sent (background uploads wait there).
+        """
+        together = _together({rel: path.stat().st_size for rel, path in files.items()})
+        entries = {rel: self.upload(files[rel], name, rel, progress=progress, between_chunks=between_chunks)
+                   for rel in files if rel not in together}
+        if together:
+            total = sum(files[rel].stat().st_size for rel in together)
+            bar = byte_progress(total, f"upload {name} ({len(together)} files)") if progress else None
+            stop = threading.Event()
+
+            def paced() -> None:  # the others stop at their next chunk once one has failed
+                if stop.is_set():
+                    raise _Stopped()
+                between_chunks()
+
+            def one(rel: str) -> FileEntry:
+                return self.upload(files[rel], name, rel, progress=False, between_chunks=paced, bar=bar)
+
+            try:
+                entries.update(_at_once(together, one, stop))
+            finally:
+                if bar is not None:
+                    bar.close()
+        return {rel: entries[rel] for rel in files}
+
     def upload(self, local: Path, name: str, rel: str, *, progress: bool,
-               between_chunks: Callable[[], None]) -> FileEntry:
+               between_chunks: Callable[[], None], bar: Progress | None = None) -> FileEntry:
         """Upload one file to ``name/rel`` and check the stored copy; its size and CRC32C as sent.
 
         ``between_chunks`` is called before each chunk is sent (background uploads wait there).
+        ``bar``: a progress bar this file's bytes add to (one for several files).
         """
         folder = self._folder
         remote = folder.path(name, rel)
@@ -55,7 +94,13 @@ class Transfers:
         def put_and_check() -> FileEntry:
             if folder.is_local:
                 clear_for_write(folder.root, remote)  # a new file: never through a link, nor a hard link
-            sent = self._put(local, remote, progress, f"upload {rel}", between_chunks)
+            size = local.stat().st_size
+            own = _progress_bar(size, f"upload {rel}") if progress and size >= PROGRESS_MIN_BYTES else None
+            try:
+                sent = self._put(local, remote, own or bar, between_chunks)
+            finally:
+                if own is not None:
+                    own.close()
             if folder.is_local:
                 fsync(remote)  # on disk before the manifest that vouches for it
             stored = listed_file(folder.fs.info(remote))
@@ -79,8 +124,13 @@ class Transfers:
         target = Path(local_dir)
         try:
             target.mkdir(parents=True, exist_ok=True)
+            together = _together({rel: entry.size for rel, entry in manifest.files.items()})
             for rel, entry in manifest.files.items():
-                self._fetch_file(info.name, rel, entry, target, progress)
+                if rel not in together:
+                    self._fetch_file(info.name, rel, entry, target, progress)
+            if together:
+                big = {rel: manifest.files[rel] for rel in together}
+                self._fetch_together(info.name, big, target, progress)
             (target / MANIFEST_NAME).write_bytes(manifest.to_json())
         except (OSError, _CacheFull) as e:
             if isinstance(e, _CacheFull) or not isinstance(e, ResumableError) and e.errno in NO_SPACE_ERRNOS:
@@ -88,19 +138,41 @@ class Transfers:
             raise
         return target
 
-    def _fetch_file(self, name: str, rel: str, entry: FileEntry, target: Path, progress: bool) -> None:
-        """One file into ``target``, through ``<file>.part``: never left behind, whatever happens."""
+    def _fetch_together(self, name: str, files: dict[str, FileEntry], target: Path, progress: bool) -> None:
+        """Big files of one checkpoint, `FILES_AT_ONCE` at a time, under one progress bar."""
+        total = sum(entry.size for entry in files.values())
+        bar = byte_progress(total, f"download {name} ({len(files)} files)") if progress else None
+        try:
+            _at_once(files, lambda rel: self._fetch_file(name, rel, files[rel], target, False, bar=bar),
+                     threading.Event())
+        finally:
+            if bar is not None:
+                bar.close()
+
+    def _fetch_file(self, name: str, rel: str, entry: FileEntry, target: Path, progress: bool, *,
+                    bar: Progress | None = None) -> None:
+        """One file into ``target``, through ``<file>.part``: never left behind, whatever happens.
+
+        ``bar``: a progress bar this file's bytes add to (one for several files); such a file
+        is read as one stream, not in slices (the other files are the other streams).
+        """
         folder = self._folder
         url = folder.url_of(name, rel)
         local = target / rel
         if local.is_file() and FileEntry(local.stat().st_size, crc32c_of_file(local)) == entry:
+            if bar is not None:
+                bar.update(entry.size)
             return  # already in the cache
         local.parent.mkdir(parents=True, exist_ok=True)
         partial = local.with_name(local.name + ".part")
 
         def download() -> None:
             try:
-                self._download(folder.path(name, rel), str(partial), entry.size, progress, f"download {rel}")
+                remote = folder.path(name, rel)
+                if bar is not None:
+                    self._download_with(remote, str(partial), bar)
+                else:
+                    self._download(remote, str(partial), entry.size, progress, f"download {rel}")
             except OSError as e:  # told apart here, before `folder.errors` blames the run folder
                 if e.errno in NO_SPACE_ERRNOS:
                     raise _CacheFull() from e
@@ -162,7 +234,7 @@ class Transfers:
 
     # ----------------------------------------------------------------- helpers
 
-    def _put(self, local: Path, remote: str, progress: bool, what: str,
+    def _put(self, local: Path, remote: str, bar: Progress | None,
              between_chunks: Callable[[], None]) -> FileEntry:
         """Stream ``local`` to ``remote`` a chunk at a time; the size and CRC32C of what was sent.
 
@@ -171,18 +243,13 @@ class Transfers:
         file object (on GCS, a smaller file in one request).
         """
         size = local.stat().st_size
-        bar = _progress_bar(size, what) if progress and size >= PROGRESS_MIN_BYTES else None
-        try:
-            if self._folder.is_gcs and size >= STREAM_MIN_BYTES:
-                with contextlib.suppress(gcs_upload.NotStreamable):
-                    on_sent = bar.update if bar is not None else _ignore
-                    sent, crc32c = gcs_upload.upload(self._folder.fs, local, remote,
-                                                     before_piece=between_chunks, on_sent=on_sent)
-                    return FileEntry(sent, crc32c)
-            return self._write_chunks(local, remote, between_chunks, bar)
-        finally:
-            if bar is not None:
-                bar.close()
+        if self._folder.is_gcs and size >= STREAM_MIN_BYTES:
+            with contextlib.suppress(gcs_upload.NotStreamable):
+                on_sent = bar.update if bar is not None else _ignore
+                sent, crc32c = gcs_upload.upload(self._folder.fs, local, remote,
+                                                 before_piece=between_chunks, on_sent=on_sent)
+                return FileEntry(sent, crc32c)
+        return self._write_chunks(local, remote, between_chunks, bar)
 
     def _write_chunks(self, local: Path, remote: str, between_chunks: Callable[[], None],
                       bar: Any) -> FileEntry:
@@ -220,6 +287,14 @@ class Transfers:
             if moved.done < size:  # local copies ignore the callback
                 moved.to(size)
 
+    def _download_with(self, remote: str, local: str, bar: Progress) -> None:
+        """One of several files downloaded together: one stream, its bytes added to ``bar``."""
+        if self._folder.is_local:
+            self._copy_inside(remote, local)
+            bar.update(os.stat(local).st_size)
+        else:
+            self._folder.fs.get_file(remote, local, callback=fsspec_callback(bar, relative=True))
+
     def _get_in_slices(self, remote: str, local: str, callback: Any = None, *, size: int) -> None:
         """A big object in concurrent ranged reads: several streams outrun gcsfs' one."""
         fs = self._folder.fs
@@ -250,6 +325,42 @@ class Transfers:
 
         crc = crc32c_of_chunks(chunks())
         return FileEntry(size, crc)
+
+
+def _together(sizes: dict[str, int]) -> list[str]:
+    """The files that move at once: those of `TOGETHER_MIN_BYTES` or more, when there are two or more."""
+    big = [rel for rel, size in sizes.items() if size >= TOGETHER_MIN_BYTES]
+    return big if len(big) > 1 else []
+
+
+class _Stopped(BaseException):
+    """Another file of the same transfer failed: this one stops too (never reported itself, never
+    retried: a BaseException, like Ctrl-C, goes through the error translation and retries)."""
+
+
+def _at_once(names: Iterable[str], work: Callable[[str], Any], stop: threading.Event) -> dict[str, Any]:
+    """``work(name)`` for each name, `FILES_AT_ONCE` at a time; the results by name.
+
+    The first failure sets ``stop`` (an upload's other files give up at their next chunk),
+    the files not started are not, and that failure is raised once the others have ended.
+    """
+    results: dict[str, Any] = {}
+    with concurrent.futures.ThreadPoolExecutor(FILES_AT_ONCE, thread_name_prefix="resumable-files") as pool:
+        futures = {pool.submit(work, name): name for name in names}
+        try:
+            for future in concurrent.futures.as_completed(futures):
+                if future.exception() is not None:
+                    break
+                results[futures[future]] = future.result()
+        finally:  # a failure or Ctrl-C: stop the rest, wait for those running
+            stop.set()
+            for future in futures:
+                future.cancel()
+    errors = [f.exception() for f in futures if not f.cancelled() and f.exception() is not None]
+    first = next((e for e in errors if not isinstance(e, _Stopped)), errors[0] if errors else None)
+    if first is not None:
+        raise first
+    return results
 
 
 class _CacheFull(ResumableError):

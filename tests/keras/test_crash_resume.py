@@ -136,11 +136,12 @@ def run_attempt(zygote: Zygote, argv: list[str], rng: random.Random) -> Attempt:
     return attempt
 
 
-def train_until_done(zygote: Zygote, url: str, out: Path, seed: int) -> tuple[list[Attempt], Attempt]:
+def train_until_done(zygote: Zygote, job: list[str], out: Path, seed: int, kills: int
+                     ) -> tuple[list[Attempt], Attempt]:
     rng = random.Random(seed)
-    argv = [url, "--epochs", str(EPOCHS), "--out", str(out)]
+    argv = [*job, "--epochs", str(EPOCHS), "--out", str(out)]
     killed: list[Attempt] = []
-    while len(killed) < KILLS:
+    while len(killed) < kills:
         attempt = run_attempt(zygote, argv, rng)
         output = "\n".join(attempt.lines)
         assert not attempt.failed, f"restart {len(killed) + 1} failed:\n{output}"
@@ -180,26 +181,34 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, np.ndar
         return {key: data[key] for key in data.files}
 
 
-@pytest.mark.parametrize("where", ["local", "gcs"])
+# Shards of 2 KiB: the model's weights and Adam's state in several shards (each variable in one).
+SHARDED = ["--max-shard-size", "2e-6"]
+
+
+@pytest.mark.parametrize(("where", "options", "kills"), [
+    ("local", [], KILLS), ("gcs", [], KILLS), ("gcs", SHARDED, KILLS // 2),
+], ids=["local", "gcs", "gcs-sharded"])
 def test_sigkill_at_random_moments_then_resume_equals_uninterrupted(
-    where: str, zygote: Zygote, uninterrupted: dict[str, np.ndarray], tmp_path: Path,
-    request: pytest.FixtureRequest,
+    where: str, options: list[str], kills: int, zygote: Zygote, uninterrupted: dict[str, np.ndarray],
+    tmp_path: Path, request: pytest.FixtureRequest,
 ) -> None:
     url = str(tmp_path / "run") if where == "local" else request.getfixturevalue("gcs_bucket") + "/runs/crash"
+    url += "-sharded" if options else ""
     out = tmp_path / "final.npz"
 
-    killed, final = train_until_done(zygote, url, out, seed=1234 if where == "local" else 4321)
+    killed, final = train_until_done(zygote, [url, *options], out, seed=1234 if where == "local" else 4321,
+                                     kills=kills)
 
     output = "\n".join(final.lines)
     assert final.status == 0 and any(line.startswith("DONE") for line in final.lines), output
-    assert len(killed) >= KILLS
+    assert len(killed) >= kills
     resumed_at = [
         int(line.split("=")[1].split()[0]) for a in killed for line in a.lines if line.startswith("READY")
     ]
     assert max(resumed_at) > 0, "no restart ever found a checkpoint"
     inside_saves = sum(a.inside_save for a in killed)
     print(f"{len(killed)} kills, {inside_saves} inside a save, resumed at epochs {resumed_at}")
-    assert inside_saves >= max(1, KILLS // 7), "too few kills landed inside a save"
+    assert inside_saves >= max(1, kills // 7), "too few kills landed inside a save"
     with np.load(out) as data:
         final_weights = {key: data[key] for key in data.files}
     assert final_weights.keys() == uninterrupted.keys()
@@ -208,3 +217,7 @@ def test_sigkill_at_random_moments_then_resume_equals_uninterrupted(
     checkpoints = RunStorage(url).list()
     assert all(c.ok for c in checkpoints), [(c.name, c.status, c.problem) for c in checkpoints]
     assert checkpoints[-1].epoch == EPOCHS
+    last = checkpoints[-1].manifest
+    if options:
+        assert last is not None and last.payload == "model.weights.json"
+        assert len([f for f in last.files if f.endswith(".weights.h5")]) > 2

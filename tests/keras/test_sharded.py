@@ -1,0 +1,161 @@
+"""Checkpoints whose weights go to shards (max_shard_size): written, moved and resumed exactly."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import keras
+import numpy as np
+import pytest
+from paths import JOBS
+
+import resumable
+from resumable import CheckpointMismatchError, CheckpointNotFoundError, RunStorage
+from resumable.storage import transfers
+from resumable.storage.transfers import Transfers
+
+pytestmark = pytest.mark.slow
+
+TINY = 4e-6  # GiB: about 4 KiB, so this model's weights and Adam's state need several shards
+X = np.random.default_rng(3).normal(size=(64, 16)).astype("float32")
+Y = X[:, :2] * 0.5
+
+
+def build() -> keras.Model:
+    keras.utils.set_random_seed(11)
+    inputs = keras.Input((16,))
+    hidden = keras.layers.Dense(32, activation="relu", name="hidden")(inputs)
+    model = keras.Model(inputs, keras.layers.Dense(2, name="out")(hidden))
+    model.compile(optimizer="adam", loss="mse")
+    return model
+
+
+def state_of(model: keras.Model) -> list[np.ndarray]:
+    return [keras.ops.convert_to_numpy(v) for v in [*model.weights, *model.optimizer.variables]]
+
+
+def assert_same(a: keras.Model, b: keras.Model) -> None:
+    for x, y in zip(state_of(a), state_of(b), strict=True):
+        np.testing.assert_array_equal(x, y)
+
+
+def train(url: str, epochs: int, **options: Any) -> resumable.Run:
+    run = resumable.resume(url, build_model=build, monitor="loss", max_shard_size=TINY, **options)
+    run.fit(X, Y, epochs=epochs, batch_size=16, verbose=0)
+    return run
+
+
+def test_weights_over_the_limit_go_to_shards_each_checked(tmp_path: Path) -> None:
+    run = train(str(tmp_path / "run"), 2)
+    (info,) = [c for c in RunStorage(str(tmp_path / "run")).list() if c.epoch == 2]
+    assert info.manifest is not None and info.manifest.payload == "model.weights.json"
+    shards = sorted(f for f in info.manifest.files if f.endswith(".weights.h5"))
+    assert len(shards) >= 3 and shards[0] == "model_00000.weights.h5"
+    assert {"config.json", "metadata.json", "state.json"} <= set(info.manifest.files)
+    assert "model.keras" not in info.manifest.files
+    # Keras' own format: plain Keras reads it back, shard by shard
+    folder = tmp_path / "run" / info.name
+    plain = keras.models.model_from_json((folder / "config.json").read_text())
+    plain.compile(optimizer="adam", loss="mse")
+    plain.optimizer.build(plain.trainable_variables)
+    plain.load_weights(str(folder / "model.weights.json"))
+    assert_same(plain, run.model)
+
+
+@pytest.mark.parametrize("with_build_model", [False, True])
+def test_a_sharded_checkpoint_resumes_exactly(tmp_path: Path, with_build_model: bool) -> None:
+    straight = train(str(tmp_path / "straight"), 3)
+    train(str(tmp_path / "run"), 2)
+    resumed = resumable.resume(str(tmp_path / "run"), build_model=build if with_build_model else None,
+                               monitor="loss", max_shard_size=TINY)
+    assert resumed.initial_epoch == 2
+    resumed.fit(X, Y, epochs=3, batch_size=16, verbose=0)
+    assert_same(resumed.model, straight.model)
+
+
+def test_weights_only_shards_need_build_model(tmp_path: Path) -> None:
+    run = train(str(tmp_path / "run"), 1, save_weights_only=True)
+    (info,) = RunStorage(str(tmp_path / "run")).list()
+    assert info.manifest is not None and info.manifest.payload == "model.weights.json"
+    assert "config.json" not in info.manifest.files
+    with pytest.raises(CheckpointNotFoundError, match="holds weights only"):
+        resumable.resume(str(tmp_path / "run"))
+    assert_same(resumable.resume(str(tmp_path / "run"), build_model=build, monitor="loss").model, run.model)
+
+
+def test_below_the_limit_one_model_keras_as_before(tmp_path: Path) -> None:
+    run = resumable.resume(str(tmp_path / "run"), build_model=build, monitor="loss")  # default: 1 GiB
+    run.fit(X, Y, epochs=1, verbose=0)
+    (info,) = RunStorage(str(tmp_path / "run")).list()
+    assert info.manifest is not None and info.manifest.payload == "model.keras"
+    assert not any(f.endswith(".weights.h5") or f.endswith(".json") and f != "state.json"
+                   for f in info.manifest.files)
+
+
+def test_a_damaged_shard_falls_back_to_the_older_checkpoint(tmp_path: Path) -> None:
+    train(str(tmp_path / "run"), 2, keep_last=None)
+    shard = tmp_path / "run" / "ckpt-000002" / "model_00001.weights.h5"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    with pytest.warns(UserWarning, match=r"ckpt-000002/model_00001\.weights\.h5: .*damaged"):
+        resumed = resumable.resume(str(tmp_path / "run"), build_model=build, monitor="loss")
+    assert resumed.initial_epoch == 1
+
+
+def test_a_sharded_checkpoint_that_does_not_fit_is_refused_in_one_line(tmp_path: Path) -> None:
+    train(str(tmp_path / "run"), 1)
+
+    def other() -> keras.Model:
+        inputs = keras.Input((16,))
+        hidden = keras.layers.Dense(8, name="hidden")(inputs)
+        model = keras.Model(inputs, keras.layers.Dense(2, name="out")(hidden))
+        model.compile(optimizer="adam", loss="mse")
+        return model
+
+    with pytest.raises(CheckpointMismatchError) as caught:
+        resumable.resume(str(tmp_path / "run"), build_model=other)
+    assert "\n" not in str(caught.value) and "hidden" in str(caught.value)
+
+
+@pytest.mark.parametrize("size", [0, -1.0, float("nan"), "1", True])
+def test_a_bad_max_shard_size_is_one_line(tmp_path: Path, size: Any) -> None:
+    with pytest.raises(ValueError, match=r"^Invalid value for argument `max_shard_size`\. .*GiB"):
+        resumable.CheckpointCallback(str(tmp_path / "run"), max_shard_size=size)
+
+
+def test_shards_on_gcs_move_several_at_a_time_and_resume_exactly(
+        gcs_bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(transfers, "TOGETHER_MIN_BYTES", 1)  # every shard counts as big here
+    threads: set[str] = set()
+    original = Transfers._fetch_file
+
+    def fetch_file(self: Transfers, *args: Any, **kwargs: Any) -> Any:
+        threads.add(threading.current_thread().name)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Transfers, "_fetch_file", fetch_file)
+    url = gcs_bucket + "/runs/sharded"
+    straight = train(str(tmp_path / "straight"), 2)
+    train(url, 1, staging_dir=tmp_path / "staging-1")
+    resumed = resumable.resume(url, build_model=build, monitor="loss", max_shard_size=TINY,
+                               staging_dir=tmp_path / "staging-2")
+    assert resumed.initial_epoch == 1 and any(t.startswith("resumable-files") for t in threads)
+    resumed.fit(X, Y, epochs=2, batch_size=16, verbose=0)
+    assert_same(resumed.model, straight.model)
+
+
+def test_jax_resumes_a_sharded_checkpoint_exactly(tmp_path: Path) -> None:
+    env = {**os.environ, "KERAS_BACKEND": "jax"}
+    script = JOBS / "sharded_job.py"
+    done = subprocess.run([sys.executable, str(script), str(tmp_path / "run")], env=env, capture_output=True,
+                          text=True, timeout=300, cwd=JOBS)
+    assert done.returncode == 0 and "EQUAL" in done.stdout, done.stdout + done.stderr[-3000:]
+    manifest = json.loads((tmp_path / "run" / "ckpt-000002" / "manifest.json").read_text())
+    assert manifest["payload"] == "model.weights.json"
