@@ -2,35 +2,42 @@
 
 One process: a functional MLP of about ``--params`` parameters with Adam (250M: a 3 GB
 checkpoint of weights and two moments), two epochs of a few small batches with
-`resumable.CheckpointCallback` saving every epoch to a local folder (``verbose=1``: the
-progress lines), then `resumable.resume` with ``build_model`` and without. Reports the time
-training was blocked per save, the wait for the last upload, the checkpoint's size, the peak
-RSS above the baseline taken at the start of each save and of each resume, and the resume
-times against a bare ``keras.saving.load_model`` of the same file.
+`resumable.CheckpointCallback` saving every epoch (``verbose=1``: the progress lines), to a
+local folder or, with ``--gcs``, to ``gs://`` on a fake-gcs-server. Weights over
+``--max-shard-size`` GiB (default 1, the callback's default) are written in shards, moved four
+at a time. Reports the time training was blocked per save, the checkpoint's size and files, the
+peak RSS above the baseline taken at the start of each save and of each resume, and the resume
+times (each in a fresh process) against plain Keras reading the same checkpoint: its
+``load_model`` of the ``.keras`` file or, for shards, ``model_from_json`` and ``load_weights``
+of ``model.weights.json`` (from ``gs://``: after a gcsfs ``get`` of the folder).
 
-    python benchmarks/bench_scale.py                  # 250M parameters (~3 GB), a few minutes
-    python benchmarks/bench_scale.py --params 20e6    # a quick look
+    python benchmarks/bench_scale.py                       # 250M parameters (~3 GB), local, shards of 1 GiB
+    python benchmarks/bench_scale.py --gcs                 # the same to gs:// on fake-gcs-server
+    python benchmarks/bench_scale.py --max-shard-size 0    # one model.keras, as before shards
+    python benchmarks/bench_scale.py --params 20e6         # a quick look
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
+import uuid
+from collections.abc import Iterator
 from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
+from bench_list import emulator  # noqa: E402
 from bench_save import RSS  # noqa: E402  (the same sampler as the save benchmark)
 
-LOADS = ("load_model", "resume(build_model)", "resume()")
-
-
-LOADS = ("load_model", "resume(build_model)", "resume()")
+LOADS = ("keras", "resume(build_model)", "resume()")
 
 
 def build_model(params: float) -> Any:
@@ -51,16 +58,14 @@ def build_model(params: float) -> Any:
 
 def load_once(args: argparse.Namespace) -> int:
     """Time one load of the run's newest checkpoint in this fresh process; print seconds and MB."""
-    import keras
-
     import resumable
 
     latest = resumable.RunStorage(args.folder).latest()
-    assert latest is not None
+    assert latest is not None and latest.manifest is not None
     rss = RSS()
     started = time.perf_counter()
-    if args.load == "load_model":
-        keras.saving.load_model(f"{args.folder}/{latest.name}/model.keras")
+    if args.load == "keras":
+        plain_keras_load(args.folder, latest.name, latest.manifest.payload or "model.keras")
     elif args.load == "resume()":
         resumable.resume(args.folder, monitor="loss")
     else:
@@ -69,25 +74,75 @@ def load_once(args: argparse.Namespace) -> int:
     return 0
 
 
+def plain_keras_load(url: str, name: str, payload: str) -> Any:
+    """What a Keras user does by hand with the same checkpoint (from gs://: a gcsfs ``get`` first)."""
+    import fsspec
+    import keras
+
+    with tempfile.TemporaryDirectory(prefix="bench-scale-get-") as local:
+        folder = f"{url}/{name}"
+        if url.startswith("gs://"):
+            fs = fsspec.filesystem("gs")
+            fs.get(f"{folder}/", f"{local}/", recursive=True)
+            folder = local
+        if payload == "model.keras":
+            return keras.saving.load_model(f"{folder}/model.keras")
+        with open(f"{folder}/config.json") as config:
+            model = keras.models.model_from_json(config.read())
+        model.optimizer.build(model.trainable_variables)
+        model.load_weights(f"{folder}/{payload}")
+        return model
+
+
+@contextlib.contextmanager
+def run_folder(args: argparse.Namespace, tmp: str) -> Iterator[str]:
+    """The run folder: ``--folder``, else a new one locally or in a bucket of a fake-gcs-server."""
+    if args.folder:
+        yield args.folder
+        return
+    if not args.gcs:
+        yield f"{tmp}/run"
+        return
+    import fsspec
+
+    with emulator() as endpoint:
+        print(f"fake-gcs-server at {endpoint}", flush=True)
+        bucket = f"bench-scale-{uuid.uuid4().hex[:8]}"
+        fsspec.filesystem("gs").mkdir(bucket)
+        yield f"gs://{bucket}/run"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--params", type=float, default=250e6)
     parser.add_argument("--folder", default=None, help="run folder (default: a temporary folder)")
+    parser.add_argument("--gcs", action="store_true", help="a run folder in a fresh fake-gcs-server")
+    parser.add_argument("--max-shard-size", type=float, default=1.0, help="GiB; 0: one file")
     parser.add_argument("--load", choices=LOADS, help=argparse.SUPPRESS)  # one timed load (a child)
     args = parser.parse_args(argv)
     if args.load:
         return load_once(args)
 
     import keras
-    import numpy as np
 
-    import resumable
 
     def build() -> keras.Model:
         return build_model(args.params)
 
     tmp = tempfile.mkdtemp(prefix="bench-scale-")
-    folder = args.folder or f"{tmp}/run"
+    try:
+        with run_folder(args, tmp) as folder:
+            return measure(args, build, folder, tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def measure(args: argparse.Namespace, build: Any, folder: str, tmp: str) -> int:
+    import keras
+    import numpy as np
+
+    import resumable
+
     x = np.random.default_rng(0).random((64, 1000), dtype=np.float32)
     y = np.random.default_rng(1).integers(0, 10, 64)
     model = build()
@@ -106,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     model.fit(x, y, epochs=3, batch_size=16, verbose=0, callbacks=[Windows()])  # also traces the step
 
     checkpoint = resumable.CheckpointCallback(folder, monitor="loss", keep_last=1, verbose=1,
-                                              staging_dir=f"{tmp}/staging")
+                                              staging_dir=f"{tmp}/staging",
+                                              max_shard_size=args.max_shard_size or None)
     epoch_end = checkpoint.on_epoch_end
 
     def timed_epoch_end(epoch: int, logs: Any = None) -> None:
@@ -126,7 +182,11 @@ def main(argv: list[str] | None = None) -> int:
     assert latest is not None
     size = latest.size / 2**20
     print()
-    print(f"checkpoint {size:,.0f} MB ({latest.name}); fit with 2 saves {total:.1f} s")
+    assert latest.manifest is not None
+    files = latest.manifest.files
+    print(f"checkpoint {size:,.0f} MB ({latest.name}, {len(files)} files: "
+          f"{', '.join(f'{rel} {entry.size / 2**20:,.0f} MB' for rel, entry in sorted(files.items()))}); "
+          f"fit with 2 saves {total:.1f} s")
     print(f"blocked per save: {', '.join(f'{b:.3f} s' for b in blocked)}")
     print(f"peak RSS over the baseline per save window: {', '.join(f'{p:,.0f} MB' for p in peaks)} "
           f"({max(peaks) / size:.2f}x the checkpoint); training alone, same windows: "
@@ -137,16 +197,17 @@ def main(argv: list[str] | None = None) -> int:
     for _ in range(2):  # interleaved twice; the faster of each
         for how in LOADS:
             done = subprocess.run([sys.executable, __file__, "--load", how, "--folder", folder,
-                                   "--params", str(args.params)], capture_output=True, text=True, check=True)
+                                   "--params", str(args.params)], capture_output=True, text=True)
+            if done.returncode:
+                raise SystemExit(f"{how} failed:\n{done.stderr[-3000:]}")
             seconds, peak = map(float, done.stdout.split()[-2:])
             if how not in timings or seconds < timings[how][0]:
                 timings[how] = (seconds, peak)
-    base = timings["load_model"][0]
+    base = timings["keras"][0]
     for how, (seconds, peak) in timings.items():
-        print(f"{how:<22} {seconds:6.2f} s ({seconds / base:.2f}x load_model), peak RSS over baseline "
+        print(f"{how:<22} {seconds:6.2f} s ({seconds / base:.2f}x plain Keras), peak RSS over baseline "
               f"{peak:,.0f} MB ({peak / size:.2f}x)")
     return 0
-
 
 
 if __name__ == "__main__":

@@ -389,15 +389,54 @@ def write_sharded_weights(values: list[SavedValue], path: str, max_shard_size: f
     """Write `saved_values` as Keras' sharded weights: ``path`` (a ``.weights.json`` map) and its
     ``*_00000.weights.h5`` shards of at most ``max_shard_size`` GiB each, as
     ``model.save_weights(path, max_shard_size=...)`` writes them; ``model.load_weights(path)`` reads them."""
-    store = _sharded_store()(path, max_shard_size, mode="w")
-    _fill(store, values)
+    sharded = _stores()[1]
+    assert sharded is not None  # the caller asked can_shard()
+    _fill(sharded(path, max_shard_size, mode="w"), values)
 
 
 def write_weights(values: list[SavedValue], path: str) -> None:
     """Write `saved_values` as the ``.weights.h5`` file Keras would have written, with its store."""
+    _fill(_stores()[0](path, mode="w"), values)
+
+
+class _HostView:
+    """A snapshot's value as handed to Keras' store: ``np.array`` of it is the value itself.
+
+    Keras' stores pass every value through ``convert_to_numpy`` (``np.array``: a copy; the
+    sharded store converts twice), which would hold a copy of the biggest variable (two,
+    sharded) beside the snapshot while it is written. A snapshot's values are host arrays
+    nobody changes (`snapshot._host_copy`), so they are written from where they are.
+    """
+
+    __slots__ = ("array",)
+
+    def __init__(self, array: Any) -> None:
+        self.array = array
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> Any:
+        return self.array if dtype is None else self.array.astype(dtype, copy=False)
+
+
+@functools.cache
+def _stores() -> tuple[type, type | None]:
+    """Keras' ``H5IOStore`` and ``ShardedH5IOStore`` (None if this Keras has none), taking values
+    as `_HostView`. The sharded store's own ``__setitem__`` converts, then calls its base's:
+    the class between them wraps the converted value again."""
     saving_lib = _saving_lib()
     assert saving_lib is not None  # saved_values returned values
-    _fill(saving_lib.H5IOStore(path, mode="w"), values)
+
+    class Uncopied(saving_lib.H5IOStore):  # type: ignore[name-defined]
+        def __setitem__(self, key: str, value: Any) -> None:
+            super().__setitem__(key, value if isinstance(value, _HostView) else _HostView(value))
+
+    sharded = _sharded_store()
+    if sharded is None:
+        return Uncopied, None
+
+    class ShardedUncopied(sharded, Uncopied):  # type: ignore[misc, valid-type]
+        pass
+
+    return Uncopied, ShardedUncopied
 
 
 def _fill(store: Any, values: list[SavedValue]) -> None:
@@ -407,7 +446,7 @@ def _fill(store: Any, values: list[SavedValue]) -> None:
             if entry != (value.path, value.metadata):
                 entry = (value.path, value.metadata)
                 store.make(value.path, metadata=value.metadata)
-            store[value.key] = value.value
+            store[value.key] = _HostView(value.value)
     finally:
         store.close()
 

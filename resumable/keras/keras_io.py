@@ -349,7 +349,8 @@ def load_model(folder: Path, build_model: Callable[[], keras.Model] | None, *, s
                     "function building and compiling the same model, e.g. from_preset + enable_lora> "
                     "to resumable.resume()"
                 )
-            if weights_file.name == WEIGHTS_FILE or not (folder / CONFIG_FILE).is_file():
+            weights_only = weights_file.name == SHARDS_FILE and not (folder / CONFIG_FILE).is_file()
+            if weights_file.name == WEIGHTS_FILE or weights_only:
                 raise CheckpointNotFoundError(
                     f"{where} holds weights only (save_weights_only=True); pass build_model=<a function "
                     "returning the compiled model> to resumable.resume()"

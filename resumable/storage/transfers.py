@@ -42,7 +42,7 @@ SLICE_BYTES = 16 * 2**20
 SLICES_AT_ONCE = 4
 STREAM_MIN_BYTES = 8 * 2**20  # GCS files this big go up as one streamed request (see gcs_upload)
 FILES_AT_ONCE = 4  # big files of one checkpoint in flight at a time (each its own stream)
-TOGETHER_MIN_BYTES = 64 * 2**20  # files this big move together, when a checkpoint has two or more
+TOGETHER_MIN_BYTES = PROGRESS_MIN_BYTES  # files this big move together (one progress bar), when two or more
 
 
 class Transfers:

@@ -22,7 +22,7 @@ SMALL = {"state.json": b"{}", "model.weights.json": b'{"weight_map": {}}'}
 
 @pytest.fixture(autouse=True)
 def _small_big_files(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Files of 32 KiB count as big here (64 MiB in use): the shards above move together."""
+    """Files of 32 KiB count as big here (4 MiB in use): the shards above move together."""
     monkeypatch.setattr(transfers, "TOGETHER_MIN_BYTES", 32 * KIB)
 
 
