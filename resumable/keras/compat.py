@@ -451,6 +451,28 @@ def _fill(store: Any, values: list[SavedValue]) -> None:
         store.close()
 
 
+def load_weights_from(model: keras.Model, file: Any) -> bool:
+    """``model.load_weights`` of a ``.weights.h5`` given as a file object (a BytesIO, as Keras'
+    store requires: `zip_member.MemberWindow`), as ``load_weights`` reads a path: Keras'
+    ``H5IOStore`` and ``_load_state``. False, having loaded nothing, when this Keras lacks
+    them: the caller reads a path instead. Raises ValueError as ``load_weights`` does."""
+    saving_lib = _saving_lib()
+    needed = ("_load_state", "_raise_loading_failure")
+    if saving_lib is None or not all(hasattr(saving_lib, n) for n in needed):
+        return False
+    store = saving_lib.H5IOStore(file, mode="r")
+    failed: set[int] = set()
+    errors: dict[int, Any] = {}
+    try:
+        saving_lib._load_state(model, weights_store=store, assets_store=None, inner_path="",
+                               visited_saveables=set(), failed_saveables=failed, error_msgs=errors)
+    finally:
+        store.close()
+    if failed:
+        saving_lib._raise_loading_failure(errors)
+    return True
+
+
 def load_unzipped_model(config: str, weights: str, assets: str | None) -> keras.Model:
     """The model of an unzipped ``.keras`` whose weights are sharded: what ``keras.saving.load_model``
     does for a folder, reading the weights with ``ShardedH5IOStore`` a shard at a time (Keras' own

@@ -50,7 +50,7 @@ from resumable.core.errors import (
     CorruptCheckpointError,
     ResumableError,
 )
-from resumable.keras import compat, lora, trainable
+from resumable.keras import compat, lora, trainable, zip_member
 
 # The file names come from the module that writes them; callers know them from here.
 from resumable.keras.snapshot import (
@@ -409,15 +409,19 @@ def _load_keras_weights(model: keras.Model, weights_file: Path) -> None:
     """``model.load_weights`` of a checkpoint's weights; from a ``.keras`` file, at load_model's speed.
 
     Keras' load_weights reads a ``.keras`` file's weights through the zip member, seeking in
-    it for each variable: 3x slower than ``load_model``, which reads the member first. So the
-    member is copied out to a temporary ``.weights.h5`` (one sequential read) and loaded from there.
+    it for each variable: 3x slower than ``load_model``, which reads the member into memory
+    first. The member is stored uncompressed, so it is read where it is (`zip_member`);
+    otherwise it is copied out to a temporary ``.weights.h5`` (one sequential read) first.
     """
     if weights_file.name != MODEL_FILE:
         model.load_weights(str(weights_file))
         return
-    with zipfile.ZipFile(weights_file) as archive:
+    with open(weights_file, "rb") as file, zipfile.ZipFile(file) as archive:
         if WEIGHTS_FILE not in archive.namelist():  # another weights format: Keras reads it itself
             model.load_weights(str(weights_file))
+            return
+        window = zip_member.stored_member(archive, file, WEIGHTS_FILE)
+        if window is not None and compat.load_weights_from(model, window):
             return
         with tempfile.TemporaryDirectory(prefix="resumable-load-") as folder:
             extracted = Path(folder) / WEIGHTS_FILE

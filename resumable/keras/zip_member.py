@@ -1,0 +1,87 @@
+"""A member of a zip file stored without compression, read in place as a file.
+
+``model.keras`` stores its ``model.weights.h5`` uncompressed. Loading it into a model built by
+``build_model`` with Keras' ``load_weights`` reads through ``zipfile``'s member object, which
+seeks by reading forward (3x slower than ``load_model``); copying the member out first costs
+a write of the whole file. A window onto the member's bytes in the ``.keras`` file itself
+costs neither: h5py reads it as any file object.
+"""
+
+from __future__ import annotations
+
+import io
+import struct
+import zipfile
+from typing import BinaryIO, cast
+
+_LOCAL_HEADER = struct.Struct("<4s5H3I2H")  # a zip local file header, 30 bytes
+_LOCAL_SIGNATURE = b"PK\x03\x04"
+
+
+class MemberWindow(io.BytesIO):
+    """The bytes ``[start, start + size)`` of an open binary file, read-only, as a file object.
+
+    A BytesIO only by type: Keras' HDF5 store takes a path or a BytesIO (see
+    ``compat.load_weights_from``); every method h5py calls is this class's own, and the
+    BytesIO's buffer stays empty.
+    """
+
+    def __init__(self, file: BinaryIO, start: int, size: int) -> None:
+        super().__init__()
+        self._file, self._start, self._size, self._pos = file, start, size, 0
+
+    def seekable(self) -> bool:
+        return True
+
+    def writable(self) -> bool:
+        return False
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def readinto(self, buffer: memoryview | bytearray) -> int:  # type: ignore[override]
+        view = memoryview(buffer).cast("B")
+        wanted = max(0, min(len(view), self._size - self._pos))
+        self._file.seek(self._start + self._pos)
+        got = cast(io.BufferedIOBase, self._file).readinto(view[:wanted]) or 0
+        self._pos += got
+        return got
+
+    def read(self, size: int | None = -1) -> bytes:
+        left = max(0, self._size - self._pos)
+        buffer = bytearray(left if size is None or size < 0 else min(size, left))
+        return bytes(buffer[: self.readinto(buffer)])
+
+    def write(self, data: object) -> int:
+        raise io.UnsupportedOperation("read-only")
+
+    def truncate(self, size: int | None = None) -> int:
+        raise io.UnsupportedOperation("read-only")
+
+
+def stored_member(archive: zipfile.ZipFile, file: BinaryIO, name: str) -> MemberWindow | None:
+    """A window onto member ``name`` of ``archive`` (opened from ``file``), or None when it is
+    compressed or its local header does not match the central directory: read it the usual way."""
+    try:
+        info = archive.getinfo(name)
+    except KeyError:
+        return None
+    if info.compress_type != zipfile.ZIP_STORED:
+        return None
+    file.seek(info.header_offset)
+    header = file.read(_LOCAL_HEADER.size)
+    if len(header) != _LOCAL_HEADER.size:
+        return None
+    fields = _LOCAL_HEADER.unpack(header)
+    if fields[0] != _LOCAL_SIGNATURE:
+        return None
+    start = info.header_offset + _LOCAL_HEADER.size + fields[-2] + fields[-1]  # name and extra lengths
+    file.seek(0, io.SEEK_END)
+    if start + info.file_size > file.tell():
+        return None
+    return MemberWindow(file, start, info.file_size)

@@ -1,0 +1,91 @@
+"""A stored zip member read in place (resumable/keras/zip_member.py)."""
+
+from __future__ import annotations
+
+import io
+import os
+import zipfile
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from resumable.keras import zip_member
+
+
+def make_zip(path: Path, members: dict[str, bytes], compression: int = zipfile.ZIP_STORED) -> None:
+    with zipfile.ZipFile(path, "w", compression=compression) as archive:
+        for name, data in members.items():
+            archive.writestr(name, data)
+
+
+def test_a_stored_member_reads_as_its_bytes_at_any_offset(tmp_path: Path) -> None:
+    data = os.urandom(100_000)
+    make_zip(tmp_path / "a.zip", {"first.json": b"{}", "model.weights.h5": data, "last": b"x" * 10})
+    with open(tmp_path / "a.zip", "rb") as file, zipfile.ZipFile(file) as archive:
+        window = zip_member.stored_member(archive, file, "model.weights.h5")
+        assert window is not None
+        assert window.read() == data
+        assert window.seek(-10, io.SEEK_END) == len(data) - 10 and window.read(100) == data[-10:]
+        window.seek(12_345)
+        buffer = bytearray(1000)
+        assert window.readinto(buffer) == 1000 and bytes(buffer) == data[12_345:13_345]
+        assert window.read(5) == data[13_345:13_350] and window.tell() == 13_350
+        with pytest.raises(io.UnsupportedOperation):
+            window.write(b"no")
+
+
+def test_h5py_reads_an_hdf5_file_through_the_window(tmp_path: Path) -> None:
+    values = np.random.default_rng(0).normal(size=(300, 70)).astype("float32")
+    with h5py.File(tmp_path / "w.h5", "w") as f:
+        f["vars/0"] = values
+    weights = (tmp_path / "w.h5").read_bytes()
+    make_zip(tmp_path / "m.keras", {"config.json": b"{}", "model.weights.h5": weights})
+    with open(tmp_path / "m.keras", "rb") as file, zipfile.ZipFile(file) as archive:
+        window = zip_member.stored_member(archive, file, "model.weights.h5")
+        with h5py.File(window, "r") as f:
+            np.testing.assert_array_equal(f["vars/0"][()], values)
+
+
+def test_a_compressed_missing_or_cut_member_is_not_read_in_place(tmp_path: Path) -> None:
+    make_zip(tmp_path / "c.zip", {"model.weights.h5": b"a" * 1000}, zipfile.ZIP_DEFLATED)
+    with open(tmp_path / "c.zip", "rb") as file, zipfile.ZipFile(file) as archive:
+        assert zip_member.stored_member(archive, file, "model.weights.h5") is None
+        assert zip_member.stored_member(archive, file, "other") is None
+    make_zip(tmp_path / "s.zip", {"model.weights.h5": b"a" * 1000})
+    with open(tmp_path / "s.zip", "rb") as file, zipfile.ZipFile(file) as archive:
+        info = archive.getinfo("model.weights.h5")
+        info.file_size = 10**9  # the central directory claims more than the file holds
+        assert zip_member.stored_member(archive, file, "model.weights.h5") is None
+
+
+def test_resume_with_build_model_reads_the_weights_in_place(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    import keras
+
+    import resumable
+    from resumable.keras import compat
+
+    def build() -> keras.Model:
+        keras.utils.set_random_seed(2)
+        inputs = keras.Input((8,))
+        model = keras.Model(inputs, keras.layers.Dense(3)(keras.layers.Dense(16)(inputs)))
+        model.compile(optimizer="adam", loss="mse")
+        return model
+
+    x = np.random.default_rng(1).normal(size=(32, 8)).astype("float32")
+    first = resumable.resume(str(tmp_path / "run"), build_model=build, monitor="loss")
+    first.fit(x, x[:, :3], epochs=1, verbose=0)
+    windows: list[object] = []
+    original = compat.load_weights_from
+    def load_weights_from(model: keras.Model, file: object) -> bool:
+        windows.append(file)
+        return original(model, file)
+
+    monkeypatch.setattr(compat, "load_weights_from", load_weights_from)
+    resumed = resumable.resume(str(tmp_path / "run"), build_model=build, monitor="loss")
+    assert len(windows) == 1 and isinstance(windows[0], zip_member.MemberWindow)
+    for a, b in zip([*first.model.weights, *first.model.optimizer.variables],
+                    [*resumed.model.weights, *resumed.model.optimizer.variables], strict=True):
+        np.testing.assert_array_equal(keras.ops.convert_to_numpy(a), keras.ops.convert_to_numpy(b))
