@@ -13,6 +13,7 @@ import functools
 import inspect
 import logging
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from types import ModuleType
 from typing import Any, NamedTuple
 
@@ -457,36 +458,64 @@ def load_weights_from(model: keras.Model, file: Any) -> bool:
     ``H5IOStore`` and ``_load_state``. False, having loaded nothing, when this Keras lacks
     them: the caller reads a path instead. Raises ValueError as ``load_weights`` does."""
     saving_lib = _saving_lib()
-    needed = ("_load_state", "_raise_loading_failure")
-    if saving_lib is None or not all(hasattr(saving_lib, n) for n in needed):
+    if saving_lib is None or not _can_load_state(saving_lib):
         return False
-    store = saving_lib.H5IOStore(file, mode="r")
-    failed: set[int] = set()
-    errors: dict[int, Any] = {}
-    try:
-        saving_lib._load_state(model, weights_store=store, assets_store=None, inner_path="",
-                               visited_saveables=set(), failed_saveables=failed, error_msgs=errors)
-    finally:
-        store.close()
-    if failed:
-        saving_lib._raise_loading_failure(errors)
+    _load_into(saving_lib, model, saving_lib.H5IOStore(file, mode="r"), None)
     return True
 
 
-def load_unzipped_model(config: str, weights: str, assets: str | None) -> keras.Model:
-    """The model of an unzipped ``.keras`` whose weights are sharded: what ``keras.saving.load_model``
-    does for a folder, reading the weights with ``ShardedH5IOStore`` a shard at a time (Keras' own
-    folder loader knows only one ``model.weights.h5``). ``config``: config.json's text; ``weights``:
-    the ``.weights.json`` map; ``assets``: the assets folder, if any. Raises ValueError as Keras does."""
+def load_sharded_weights(model: keras.Model, weights: str, landed: Callable[[str], object]) -> None:
+    """``model.load_weights`` of sharded weights (``weights``: the ``.weights.json`` map), a shard
+    at a time, each opened once ``landed(file name)`` returns: the next may still be coming."""
     saving_lib = _saving_lib()
-    store_type = _sharded_store()
-    needed = ("_model_from_config", "_load_state", "_raise_loading_failure")
-    if saving_lib is None or store_type is None or not all(hasattr(saving_lib, n) for n in needed):
-        raise ValueError(unsupported("keras.src.saving.saving_lib's folder loading (_load_state)")
+    if saving_lib is None or _sharded_store() is None or not _can_load_state(saving_lib):
+        raise ValueError(unsupported("keras.src.saving.saving_lib's ShardedH5IOStore and _load_state")
+                         + " to read sharded weights")
+    _load_into(saving_lib, model, _waiting_store(landed)(weights, mode="r"), None)
+
+
+def load_unzipped_model(config: str, weights: str, assets: str | None,
+                        landed: Callable[[str], object]) -> keras.Model:
+    """The model of an unzipped ``.keras`` whose weights are sharded: what ``keras.saving.load_model``
+    does for a folder, reading the weights a shard at a time as `load_sharded_weights` does
+    (Keras' own folder loader knows only one ``model.weights.h5``). ``config``: config.json's
+    text; ``weights``: the ``.weights.json`` map; ``assets``: the assets folder, if any.
+    Raises ValueError as Keras does."""
+    saving_lib = _saving_lib()
+    if saving_lib is None or _sharded_store() is None or not _can_load_state(saving_lib) or not hasattr(
+            saving_lib, "_model_from_config"):
+        raise ValueError(unsupported("keras.src.saving.saving_lib's folder loading (_model_from_config)")
                          + " to read sharded weights")
     model = saving_lib._model_from_config(config, None, True, True)
-    weights_store = store_type(weights, mode="r")
     assets_store = saving_lib.DiskIOStore(assets, mode="r") if assets is not None else None
+    _load_into(saving_lib, model, _waiting_store(landed)(weights, mode="r"), assets_store)
+    return model
+
+
+def _can_load_state(saving_lib: ModuleType) -> bool:
+    return all(hasattr(saving_lib, name) for name in ("_load_state", "_raise_loading_failure"))
+
+
+def _waiting_store(landed: Callable[[str], object]) -> type:
+    """Keras' ``ShardedH5IOStore``, opening each shard (``_get_h5_file``) once it has landed."""
+    sharded = _sharded_store()
+
+    class Waiting(sharded):  # type: ignore[misc, valid-type]
+        arrival_error: BaseException | None = None  # Keras' loader turns it into "could not be loaded"
+
+        def _get_h5_file(self, path_or_io: Any, mode: str | None = None) -> Any:
+            try:
+                landed(Path(str(path_or_io)).name)
+            except BaseException as e:
+                self.arrival_error = e
+                raise
+            return super()._get_h5_file(path_or_io, mode=mode)
+
+    return Waiting
+
+
+def _load_into(saving_lib: ModuleType, model: keras.Model, weights_store: Any, assets_store: Any) -> None:
+    """Keras' ``_load_state`` of the stores into ``model`` (closed after), failures raised as Keras does."""
     failed: set[int] = set()
     errors: dict[int, Any] = {}
     try:
@@ -496,9 +525,11 @@ def load_unzipped_model(config: str, weights: str, assets: str | None) -> keras.
         weights_store.close()
         if assets_store is not None:
             assets_store.close()
+    arrival_error = getattr(weights_store, "arrival_error", None)
+    if arrival_error is not None:  # a shard that did not arrive (damaged): that, not Keras' summary
+        raise arrival_error
     if failed:
         saving_lib._raise_loading_failure(errors)
-    return model
 
 
 def model_json(model: keras.Model) -> tuple[str, str]:

@@ -58,6 +58,7 @@ from resumable.keras.snapshot import (
     ASSETS_FOLDER,
     CONFIG_FILE,
     MODEL_FILE,
+    SHARD_NAME,
     SHARDS_FILE,
     STATE_FILE,
     WEIGHTS_FILE,
@@ -329,15 +330,18 @@ def read_arrays(folder: Path) -> dict[str, np.ndarray]:
 
 
 def load_model(folder: Path, build_model: Callable[[], keras.Model] | None, *, strategy: Any = None,
-               distribution: Any = None, where: str) -> keras.Model:
+               distribution: Any = None, where: str, landed: Landed | None = None) -> keras.Model:
     """Rebuild the model of a fetched checkpoint folder, optimizer state included.
 
     With ``build_model``, its model receives the checkpoint's weights (the user's code keeps
     defining the architecture, custom objects and compile arguments); without it, the
     ``.keras`` file is loaded as saved. Under ``strategy`` or ``distribution`` the variables
     are created with its layout and receive the saved whole arrays, so a checkpoint restores
-    on any number of devices. ``where`` names the checkpoint in errors.
+    on any number of devices. ``where`` names the checkpoint in errors. ``landed(name)``
+    returns once file ``name`` is in ``folder`` (`Arrival.wait_for`): shards are read as
+    they come; None: every file is there.
     """
+    landed = landed or _here
     state = read_state(folder, where)
     layout = state.get("trainable")
     weights_file = _weights_file(folder, layout, where)
@@ -355,14 +359,15 @@ def load_model(folder: Path, build_model: Callable[[], keras.Model] | None, *, s
                     f"{where} holds weights only (save_weights_only=True); pass build_model=<a function "
                     "returning the compiled model> to resumable.resume()"
                 )
-            model = _load_saved_model(folder, weights_file)
+            model = _load_saved_model(folder, weights_file, landed)
         else:
             model = build(build_model)
             _ensure_built(model, state.get("model", {}), where)
             _check_layout(model, state.get("model", {}).get("weights"), where)
             _check_optimizer_class(model, state.get("optimizer"), where)
-            _load_weights(model, weights_file, layout, where, "the model from build_model()")
+            _load_weights(model, weights_file, layout, where, "the model from build_model()", landed)
     _check_optimizer(model, state.get("optimizer"), where)
+    landed(ARRAYS_FILE)
     with scope(strategy, distribution):
         arrays = read_arrays(folder)
         lora.restore(model, arrays, where)
@@ -370,13 +375,26 @@ def load_model(folder: Path, build_model: Callable[[], keras.Model] | None, *, s
     return model
 
 
-def _load_saved_model(folder: Path, weights_file: Path) -> keras.Model:
+Landed = Callable[[str], object]  # returns once the checkpoint's file of that name is in place
+
+
+def is_shard(name: str) -> bool:
+    """Whether ``name`` is a shard of a checkpoint's weights (``model_00000.weights.h5``, ...):
+    the files `load_model` reads as they land, in name order."""
+    return SHARD_NAME.fullmatch(name) is not None
+
+
+def _here(name: str) -> None:
+    """Every file of a fetched folder is in place."""
+
+
+def _load_saved_model(folder: Path, weights_file: Path, landed: Landed) -> keras.Model:
     """The model as saved: a ``.keras`` file, or an unzipped one with sharded weights."""
     if weights_file.name != SHARDS_FILE:
         return keras.saving.load_model(str(weights_file))
     assets = folder / ASSETS_FOLDER
     return compat.load_unzipped_model((folder / CONFIG_FILE).read_text(), str(weights_file),
-                                      str(assets) if assets.is_dir() else None)
+                                      str(assets) if assets.is_dir() else None, landed)
 
 
 def _weights_file(folder: Path, layout: dict[str, Any] | None, where: str) -> Path:
@@ -390,7 +408,7 @@ def _weights_file(folder: Path, layout: dict[str, Any] | None, where: str) -> Pa
 
 
 def _load_weights(model: keras.Model, weights_file: Path, layout: dict[str, Any] | None, where: str,
-                  target: str) -> None:
+                  target: str, landed: Landed = _here) -> None:
     """The checkpoint's weights and optimizer state into ``model`` (built, its optimizer checked)."""
     if layout is not None:
         trainable.load(model, weights_file.parent, layout, where)
@@ -400,19 +418,23 @@ def _load_weights(model: keras.Model, weights_file: Path, layout: dict[str, Any]
         # Keras 3 skips optimizer variables in load_weights unless the optimizer exists.
         optimizer.build(model.trainable_variables)
     try:
-        _load_keras_weights(model, weights_file)
+        _load_keras_weights(model, weights_file, landed)
     except ValueError as e:
         raise CheckpointMismatchError(f"{where} does not fit {target}: {e}") from e
 
 
-def _load_keras_weights(model: keras.Model, weights_file: Path) -> None:
+def _load_keras_weights(model: keras.Model, weights_file: Path, landed: Landed) -> None:
     """``model.load_weights`` of a checkpoint's weights; from a ``.keras`` file, at load_model's speed.
 
     Keras' load_weights reads a ``.keras`` file's weights through the zip member, seeking in
     it for each variable: 3x slower than ``load_model``, which reads the member into memory
     first. The member is stored uncompressed, so it is read where it is (`zip_member`);
     otherwise it is copied out to a temporary ``.weights.h5`` (one sequential read) first.
+    Sharded weights are read a shard at a time, each once it has ``landed``.
     """
+    if weights_file.name == SHARDS_FILE:
+        compat.load_sharded_weights(model, str(weights_file), landed)
+        return
     if weights_file.name != MODEL_FILE:
         model.load_weights(str(weights_file))
         return

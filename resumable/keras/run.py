@@ -319,13 +319,9 @@ def resume(
     callback.strategy = strategy
     manager = callback.manager
     callback.warn_if_leased()  # before a download that fit would waste
-    found = manager.fetch_newest(warn=lambda problem: warnings.warn(f"resumable: {problem}", stacklevel=4),
-                                 check=keras_io.read_state)  # a bad state.json: skipped as damaged
-    found = _follow_chief(manager, found)
-    if found is not None:
-        info, local = found
-        model = keras_io.load_model(local, build_model, strategy=strategy, distribution=distribution,
-                                    where=info.url)
+    loaded = _load_newest(manager, build_model, strategy, distribution)
+    if loaded is not None:
+        info, local, model = loaded
         callback.restore(info, keras_io.read_state(local, info.url), keras_io.read_arrays(local),
                          manager.damaged)
         manager.keep_only_cached(info.name)
@@ -362,6 +358,38 @@ def _say_if_other_backend(info: CheckpointInfo) -> None:
         f"{_BACKEND_NAMES.get(current, current)}: epochs and state continue exactly, floating point does not")
     print(message, flush=True)
     logger.info("%s", message)
+
+
+def _load_newest(manager: RunManager, build_model: Callable[[], keras.Model] | None, strategy: Any,
+                 distribution: Any) -> tuple[CheckpointInfo, Path, keras.Model] | None:
+    """The model of the newest checkpoint that loads, with its info and folder; None if none.
+
+    From a bucket, the weights' shards are loaded as they come down (`RunManager.arriving_newest`):
+    one that comes down damaged makes the checkpoint damaged, and the next older one is tried.
+    """
+    def warn(problem: str) -> None:
+        warnings.warn(f"resumable: {problem}", stacklevel=5)
+
+    if keras_io.process_count() > 1:  # every process must resume from the one process 0 chose
+        found = _follow_chief(manager, manager.fetch_newest(warn=warn, check=keras_io.read_state))
+        if found is None:
+            return None
+        info, local = found
+        return info, local, keras_io.load_model(local, build_model, strategy=strategy,
+                                                distribution=distribution, where=info.url)
+    while (arriving := manager.arriving_newest(warn=warn, check=keras_io.read_state,
+                                               streamed=keras_io.is_shard)) is not None:
+        info, arrival = arriving  # a bad state.json was skipped as damaged
+        with arrival:
+            try:
+                model = keras_io.load_model(arrival.folder, build_model, strategy=strategy,
+                                            distribution=distribution, where=info.url,
+                                            landed=arrival.wait_for)
+                return info, arrival.result(), model
+            except CorruptCheckpointError as e:
+                warn(printable(str(e)))
+                manager.damaged.add(info.name)
+    return None
 
 
 def _position(info: CheckpointInfo | None) -> list[int]:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import errno
 import json
+import re
 import shutil
 import tempfile
 import weakref
@@ -38,6 +39,7 @@ from resumable.keras import compat
 MODEL_FILE = "model.keras"
 WEIGHTS_FILE = "model.weights.h5"
 SHARDS_FILE = "model.weights.json"  # Keras' map of sharded weights, beside model_00000.weights.h5, ...
+SHARD_NAME = re.compile(r"model_[0-9]{5,}\.weights\.h5")  # as Keras' ShardedH5IOStore names them
 CONFIG_FILE = "config.json"  # an unzipped .keras: config.json, metadata.json, assets/
 METADATA_FILE = "metadata.json"
 ASSETS_FOLDER = "assets"

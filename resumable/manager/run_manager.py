@@ -6,7 +6,8 @@ The Keras callback, `resume()` and the CLI all go through it:
   (`stage`), background or immediate commits (`submit`), the lease renewed right before each
   commit, a damaged newer checkpoint replaced, retention after each commit;
 - **reading**: the newest good checkpoint (`newest_good`), fetched and checked into a local
-  cache (`fetch_newest`, `fetch`);
+  cache (`fetch_newest`, `fetch`), or its big files still arriving while the caller loads the
+  first of them (`arriving_newest`, `arrive`: `arrival.py`);
 - **pruning**: `plan_pruning` + `prune`, the one code path for the callback's retention and
   `resumable prune`.
 
@@ -38,6 +39,7 @@ from resumable.core.errors import (
 from resumable.core.manifest import Manifest
 from resumable.core.naming import DEFAULT_TEMPLATE, check_name
 from resumable.core.policy import Decision, Retention, plan
+from resumable.manager.arrival import Arrival
 from resumable.manager.uploader import Uploader
 from resumable.storage import CheckpointInfo, RunStorage
 from resumable.storage.lease import DEFAULT_TIMEOUT, Lease, LeaseInfo, read_lease
@@ -402,28 +404,74 @@ class RunManager:
             return self.storage.checked_in_place(info)
         return self.storage.fetch(info, self.cache_root / info.name, progress=self.verbose)
 
-    def fetch_newest(self, warn: Callable[[str], None], check: Callable[[Path, str], object] | None = None
-                     ) -> tuple[CheckpointInfo, Path] | None:
-        """The newest checkpoint whose files all check out, fetched; None when there is none.
+    def arrive(self, info: CheckpointInfo, streamed: Callable[[str], bool]) -> Arrival:
+        """The checkpoint's files coming down in a thread (`Arrival`), those ``streamed`` says
+        a loader reads as they come last, in name order.
 
-        ``check(folder, url)``: the caller's own reading of the fetched files (the Keras side's
+        From a local folder or a Drive mount: its own folder, every file checked first (`fetch`).
+        """
+        if self.storage.is_local:
+            return Arrival.already_here(self.fetch(info))
+        check_name(info.name)  # the cache folder it names must be inside the cache
+        files = list(info.manifest.files) if info.manifest is not None else []
+        last = sorted(rel for rel in files if streamed(rel))
+        return Arrival(self.cache_root / info.name,
+                       lambda landed: self.storage.fetch(info, self.cache_root / info.name,
+                                                         progress=self.verbose, landed=landed, last=last),
+                       files, last)
+
+    def arriving_newest(self, warn: Callable[[str], None], check: Callable[[Path, str], object] | None = None,
+                        streamed: Callable[[str], bool] = lambda rel: False
+                        ) -> tuple[CheckpointInfo, Arrival] | None:
+        """The newest checkpoint whose files check out but those ``streamed(rel)`` names (a
+        loader's, which it reads as they come: `arrive`), these still arriving; None when there
+        is none. Checkpoints in `damaged` are passed over.
+
+        ``check(folder, url)``: the caller's own reading of the small files (the Keras side's
         state.json), raising CorruptCheckpointError for one it cannot use. Damaged newer ones
         are passed to ``warn`` and remembered in `damaged`: the next commits of the same names
-        may replace them.
+        may replace them. A streamed file that comes down damaged is raised by the Arrival:
+        the caller adds the name to `damaged` and asks again.
         """
         for info in self.storage.newest_first():
+            if info.name in self.damaged:
+                continue
+            arrival: Arrival | None = None
             try:
-                local = self.fetch(info)
+                arrival = self.arrive(info, streamed)
+                local = arrival.wait_first()
                 if check is not None:
                     try:
                         check(local, info.url)
                     except CorruptCheckpointError:
                         self._refused_by[info.name] = check
                         raise
-                return info, local
+                return info, arrival
             except CorruptCheckpointError as e:
+                if arrival is not None:
+                    arrival.close()
                 warn(printable(str(e)))
                 self.damaged.add(info.name)
+            except BaseException:
+                if arrival is not None:
+                    arrival.close()
+                raise
+        return None
+
+    def fetch_newest(self, warn: Callable[[str], None], check: Callable[[Path, str], object] | None = None
+                     ) -> tuple[CheckpointInfo, Path] | None:
+        """The newest checkpoint whose files all check out, fetched; None when there is none.
+
+        As `arriving_newest`, every file waited for.
+        """
+        while (found := self.arriving_newest(warn, check)) is not None:
+            info, arrival = found
+            with arrival:
+                try:
+                    return info, arrival.result()
+                except CorruptCheckpointError as e:
+                    warn(printable(str(e)))
+                    self.damaged.add(info.name)
         return None
 
     def keep_only_cached(self, name: str) -> None:

@@ -13,7 +13,7 @@ A facade over the parts that do the work, each in its own module:
 from __future__ import annotations
 
 import builtins
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -180,15 +180,19 @@ class RunStorage:
         return info
 
     def fetch(
-        self, checkpoint: CheckpointInfo | str, local_dir: str | Path, *, progress: bool = False
+        self, checkpoint: CheckpointInfo | str, local_dir: str | Path, *, progress: bool = False,
+        landed: Callable[[str], None] | None = None, last: Sequence[str] = (),
     ) -> Path:
         """Download a checkpoint into ``local_dir`` and check every file's size and CRC32C.
 
         Files already in ``local_dir`` with the right checksum are not downloaded again.
         Raises CorruptCheckpointError if a file disagrees with the manifest. ``progress`` shows
         a tqdm bar with the throughput for files of ``PROGRESS_MIN_BYTES`` or more.
+        ``landed(rel)`` is called as each file is in place and checked; the files named in
+        ``last`` come after the others, in that order (a loader can start on them).
         """
-        return self._transfers.fetch(self._info(checkpoint), local_dir, progress=progress)
+        return self._transfers.fetch(self._info(checkpoint), local_dir, progress=progress, landed=landed,
+                                     last=last)
 
     def checked_in_place(self, checkpoint: CheckpointInfo | str) -> Path:
         """A local run's checkpoint folder, to load from where it is, once every file checked out.

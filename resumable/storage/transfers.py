@@ -4,9 +4,12 @@ Files are streamed in chunks and checksummed (CRC32C) as they go, never read who
 memory. ``progress`` shows the progress of files of `PROGRESS_MIN_BYTES` or more: a tqdm bar
 on a terminal or in a notebook, a few plain lines and a summary in a log (`progress`).
 
-A checkpoint with several big files (a model's weights in shards) moves `FILES_AT_ONCE` of
+A checkpoint with several big files (a model's weights in shards) sends `FILES_AT_ONCE` of
 them at a time, under one progress bar for all of them: one stream is limited by its round
-trips, several share the bandwidth. The others go one after another.
+trips, several share the bandwidth. It downloads files one after another (each big one from
+GCS as concurrent ranged reads, so as many streams), those the caller names ``last`` after the
+others and in that order, announcing each as it lands (`fetch`'s ``landed``): a loader reads
+the first shards while the next come down.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import functools
 import os
 import shutil
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -113,48 +116,46 @@ class Transfers:
         with folder.errors(folder.url_of(name, rel)):
             return folder.call(put_and_check, f"upload {name}/{rel}")
 
-    def fetch(self, info: CheckpointInfo, local_dir: str | Path, *, progress: bool) -> Path:
+    def fetch(self, info: CheckpointInfo, local_dir: str | Path, *, progress: bool,
+              landed: Callable[[str], None] | None = None, last: Sequence[str] = ()) -> Path:
         """Download a checkpoint into ``local_dir`` and check every file's size and CRC32C.
 
-        Files already in ``local_dir`` with the right checksum are not downloaded again.
-        Raises CorruptCheckpointError if a file disagrees with the manifest (or is a link, in
-        a local run folder), NoSpaceError naming ``local_dir`` when its disk is full.
+        Files already in ``local_dir`` with the right checksum are not downloaded again. The
+        files named in ``last`` come after the others, in that order; ``landed(rel)`` is called
+        as each file is in place, checked. Raises CorruptCheckpointError if a file disagrees
+        with the manifest (or is a link, in a local run folder), NoSpaceError naming
+        ``local_dir`` when its disk is full.
         """
         manifest = _restorable_manifest(info)
         target = Path(local_dir)
+        files = manifest.files
+        order = [rel for rel in files if rel not in last] + [rel for rel in last if rel in files]
+        together = set(_together({rel: entry.size for rel, entry in files.items()}))  # under one bar
+        bar = None
+        if progress and together:
+            bar = byte_progress(sum(files[rel].size for rel in together), f"download {info.name} "
+                                f"({len(together)} files)")
         try:
             target.mkdir(parents=True, exist_ok=True)
-            together = _together({rel: entry.size for rel, entry in manifest.files.items()})
-            for rel, entry in manifest.files.items():
-                if rel not in together:
-                    self._fetch_file(info.name, rel, entry, target, progress)
-            if together:
-                big = {rel: manifest.files[rel] for rel in together}
-                self._fetch_together(info.name, big, target, progress)
+            for rel in order:
+                shared = bar if rel in together else None
+                self._fetch_file(info.name, rel, files[rel], target, progress, bar=shared)
+                (landed or _ignore)(rel)
             (target / MANIFEST_NAME).write_bytes(manifest.to_json())
         except (OSError, _CacheFull) as e:
             if isinstance(e, _CacheFull) or not isinstance(e, ResumableError) and e.errno in NO_SPACE_ERRNOS:
                 raise _cache_full(target, manifest) from None
             raise
-        return target
-
-    def _fetch_together(self, name: str, files: dict[str, FileEntry], target: Path, progress: bool) -> None:
-        """Big files of one checkpoint, `FILES_AT_ONCE` at a time, under one progress bar."""
-        total = sum(entry.size for entry in files.values())
-        bar = byte_progress(total, f"download {name} ({len(files)} files)") if progress else None
-        try:
-            _at_once(files, lambda rel: self._fetch_file(name, rel, files[rel], target, False, bar=bar),
-                     threading.Event())
         finally:
             if bar is not None:
                 bar.close()
+        return target
 
     def _fetch_file(self, name: str, rel: str, entry: FileEntry, target: Path, progress: bool, *,
                     bar: Progress | None = None) -> None:
         """One file into ``target``, through ``<file>.part``: never left behind, whatever happens.
 
-        ``bar``: a progress bar this file's bytes add to (one for several files); such a file
-        is read as one stream, not in slices (the other files are the other streams).
+        ``bar``: a progress bar this file's bytes add to (one for several files).
         """
         folder = self._folder
         url = folder.url_of(name, rel)
@@ -169,10 +170,11 @@ class Transfers:
         def download() -> None:
             try:
                 remote = folder.path(name, rel)
-                if bar is not None:
-                    self._download_with(remote, str(partial), bar)
+                if bar is None and progress and entry.size >= PROGRESS_MIN_BYTES:
+                    with byte_progress(entry.size, f"download {rel}") as own:
+                        self._download(remote, str(partial), entry.size, own)
                 else:
-                    self._download(remote, str(partial), entry.size, progress, f"download {rel}")
+                    self._download(remote, str(partial), entry.size, bar)
             except OSError as e:  # told apart here, before `folder.errors` blames the run folder
                 if e.errno in NO_SPACE_ERRNOS:
                     raise _CacheFull() from e
@@ -272,28 +274,20 @@ class Transfers:
             target.close()
         return FileEntry(sent, checksum.hex())
 
-    def _download(self, remote: str, local: str, size: int, progress: bool, what: str) -> None:
-        """``fs.get_file``, with a progress bar for big files when asked."""
+    def _download(self, remote: str, local: str, size: int, bar: Progress | None) -> None:
+        """``fs.get_file`` (big GCS objects in slices), its bytes added to ``bar`` if given."""
         get_file = self._folder.fs.get_file
         if self._folder.is_local:
             get_file = self._copy_inside
         elif size >= SLICED_MIN_BYTES and gcsfs_compat.awaits_listing_and_reads(self._folder.fs):
             get_file = functools.partial(self._get_in_slices, size=size)
-        if not progress or size < PROGRESS_MIN_BYTES:
+        if bar is None:
             get_file(remote, local)
             return
-        with byte_progress(size, what) as moved:
-            get_file(remote, local, callback=fsspec_callback(moved))
-            if moved.done < size:  # local copies ignore the callback
-                moved.to(size)
-
-    def _download_with(self, remote: str, local: str, bar: Progress) -> None:
-        """One of several files downloaded together: one stream, its bytes added to ``bar``."""
-        if self._folder.is_local:
-            self._copy_inside(remote, local)
-            bar.update(os.stat(local).st_size)
-        else:
-            self._folder.fs.get_file(remote, local, callback=fsspec_callback(bar, relative=True))
+        before = bar.done
+        get_file(remote, local, callback=fsspec_callback(bar, relative=True))
+        if bar.done < before + size:  # local copies ignore the callback
+            bar.update(before + size - bar.done)
 
     def _get_in_slices(self, remote: str, local: str, callback: Any = None, *, size: int) -> None:
         """A big object in concurrent ranged reads: several streams outrun gcsfs' one."""
@@ -382,8 +376,8 @@ def _restorable_manifest(info: CheckpointInfo) -> Manifest:
     return info.manifest
 
 
-def _ignore(_: int) -> None:
-    """No progress bar to move."""
+def _ignore(_: object) -> None:
+    """Nobody to tell: no progress bar to move, no loader waiting for a file."""
 
 
 def _abandon(target: Any) -> None:

@@ -17,6 +17,7 @@ from paths import JOBS
 
 import resumable
 from resumable import CheckpointMismatchError, CheckpointNotFoundError, RunStorage
+from resumable.manager.arrival import Arrival
 from resumable.storage import transfers
 from resumable.storage.transfers import Transfers
 
@@ -130,24 +131,76 @@ def test_a_bad_max_shard_size_is_one_line(tmp_path: Path, size: Any) -> None:
         resumable.CheckpointCallback(str(tmp_path / "run"), max_shard_size=size)
 
 
-def test_shards_on_gcs_move_several_at_a_time_and_resume_exactly(
+def test_from_gcs_shards_go_up_together_and_are_loaded_as_they_come_down(
         gcs_bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(transfers, "TOGETHER_MIN_BYTES", 1)  # every shard counts as big here
-    threads: set[str] = set()
-    original = Transfers._fetch_file
+    """The last shard's download waits until the loader has read the first one: only a loader
+    that reads shards as they land gets there (one that waited for all would time out)."""
+    monkeypatch.setattr(transfers, "TOGETHER_MIN_BYTES", 1)  # every file counts as big here
+    uploaders: set[str] = set()
+    original_upload = Transfers.upload
 
-    def fetch_file(self: Transfers, *args: Any, **kwargs: Any) -> Any:
-        threads.add(threading.current_thread().name)
-        return original(self, *args, **kwargs)
+    def upload(self: Transfers, *args: Any, **kwargs: Any) -> Any:
+        uploaders.add(threading.current_thread().name)
+        return original_upload(self, *args, **kwargs)
 
-    monkeypatch.setattr(Transfers, "_fetch_file", fetch_file)
+    monkeypatch.setattr(Transfers, "upload", upload)
     url = gcs_bucket + "/runs/sharded"
     straight = train(str(tmp_path / "straight"), 2)
     train(url, 1, staging_dir=tmp_path / "staging-1")
+    assert any(name.startswith("resumable-files") for name in uploaders)
+
+    first_read = threading.Event()
+    original_wait = Arrival.wait_for
+
+    def wait_for(self: Arrival, rel: str) -> Path:
+        found = original_wait(self, rel)
+        if rel == "model_00000.weights.h5":
+            first_read.set()
+        return found
+
+    (info,) = RunStorage(url).list()
+    shards = sorted(f for f in (info.manifest.files if info.manifest else {}) if f.endswith(".weights.h5"))
+    original_fetch = Transfers._fetch_file
+    gate: list[bool] = []
+
+    def fetch_file(self: Transfers, name: str, rel: str, *args: Any, **kwargs: Any) -> Any:
+        if rel == shards[-1]:
+            gate.append(first_read.wait(timeout=20))
+        return original_fetch(self, name, rel, *args, **kwargs)
+
+    monkeypatch.setattr(Arrival, "wait_for", wait_for)
+    monkeypatch.setattr(Transfers, "_fetch_file", fetch_file)
     resumed = resumable.resume(url, build_model=build, monitor="loss", max_shard_size=TINY,
                                staging_dir=tmp_path / "staging-2")
-    assert resumed.initial_epoch == 1 and any(t.startswith("resumable-files") for t in threads)
+    assert len(shards) >= 3 and gate == [True]
+    assert resumed.initial_epoch == 1
     resumed.fit(X, Y, epochs=2, batch_size=16, verbose=0)
+    assert_same(resumed.model, straight.model)
+
+
+def test_a_shard_that_comes_down_damaged_falls_back_to_the_older_checkpoint(
+        gcs_bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stored shard is good (the listing's CRC32C agrees); its download is not, after the
+    loader has begun with the first shards."""
+    url = gcs_bucket + "/runs/damaged"
+    train(url, 2, keep_last=None, staging_dir=tmp_path / "staging-1")
+    original = Transfers._download
+    spoiled: list[str] = []
+
+    def download(self: Transfers, remote: str, local: str, *args: Any, **kwargs: Any) -> None:
+        original(self, remote, local, *args, **kwargs)
+        if remote.endswith("ckpt-000002/model_00002.weights.h5"):
+            data = bytearray(Path(local).read_bytes())
+            data[len(data) // 2] ^= 0xFF
+            Path(local).write_bytes(bytes(data))
+            spoiled.append(remote)
+
+    monkeypatch.setattr(Transfers, "_download", download)
+    with pytest.warns(UserWarning, match=r"ckpt-000002/model_00002\.weights\.h5: .*damaged"):
+        resumed = resumable.resume(url, build_model=build, monitor="loss", staging_dir=tmp_path / "staging-2")
+    assert spoiled and resumed.initial_epoch == 1
+    assert not list((tmp_path / "staging-2").rglob("*.part"))
+    straight = train(str(tmp_path / "straight"), 1)
     assert_same(resumed.model, straight.model)
 
 

@@ -60,21 +60,32 @@ class InFlight:
         monkeypatch.setattr(Transfers, name, counted)
 
 
-def test_shards_go_up_and_come_down_several_at_a_time(storage: RunStorage, tmp_path: Path,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_shards_go_up_several_at_a_time(storage: RunStorage, tmp_path: Path,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
     uploads = InFlight(monkeypatch, "upload")
     info = storage.commit(stage(tmp_path / "staged"), "ckpt-000001", Manifest(epoch=1), progress=False)
     assert 1 < uploads.most <= FILES_AT_ONCE
+    assert any(name.startswith("resumable-files") for name in uploads.threads)
     assert sorted(uploads.rels) == sorted({**SHARDS, **SMALL})  # each file once
-    assert set(info.manifest.files) == {*SHARDS, *SMALL} if info.manifest else False
+    assert info.manifest is not None and set(info.manifest.files) == {*SHARDS, *SMALL}
     assert storage.verify("ckpt-000001") == []
 
-    downloads = InFlight(monkeypatch, "_fetch_file")
-    fetched = storage.fetch("ckpt-000001", tmp_path / "cache", progress=False)
-    assert 1 < downloads.most <= FILES_AT_ONCE
-    assert any(name.startswith("resumable-files") for name in downloads.threads)
-    for rel, data in {**SHARDS, **SMALL}.items():
-        assert (fetched / rel).read_bytes() == data
+
+def test_files_named_last_come_down_last_in_that_order_each_announced(storage: RunStorage,
+                                                                     tmp_path: Path) -> None:
+    """What a loader reading shards as they land relies on (manager/arrival.py)."""
+    storage.commit(stage(tmp_path / "staged"), "ckpt-000001", Manifest(epoch=1), progress=False)
+    last = sorted(SHARDS, reverse=True)  # any order the caller asks for
+    landed: list[tuple[str, bool]] = []
+    target = tmp_path / "cache"
+
+    def announce(rel: str) -> None:
+        landed.append((rel, (target / rel).read_bytes() == {**SHARDS, **SMALL}[rel]))
+
+    fetched = storage.fetch("ckpt-000001", target, progress=False, landed=announce, last=last)
+    names = [rel for rel, _ in landed]
+    assert set(names[:len(SMALL)]) == set(SMALL) and names[len(SMALL):] == last
+    assert all(whole for _, whole in landed)  # announced once in place, whole
     assert not list(fetched.glob("*.part"))
 
 

@@ -1,0 +1,108 @@
+"""`Arrival`: a checkpoint's files coming down in a thread, each usable as soon as it has landed.
+
+A resume from a bucket reads a big checkpoint's shards while the next ones download: the
+storage layer fetches the small files first and then the big ones in a fixed order
+(`RunStorage.streamed_files`), announcing each file once it is in place and its checksum
+checked. The loader asks for a file with `wait_for`, which returns when that file has landed,
+or raises the fetch's error (a damaged file: CorruptCheckpointError). Nothing unchecked is
+ever handed out.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from types import TracebackType
+
+Fetch = Callable[[Callable[[str], None]], Path]  # fetch(landed) -> the folder, all files checked
+
+
+class Arrival:
+    """The files of one checkpoint folder, arriving (see the module docstring).
+
+    ``fetch(landed)`` runs in a thread and calls ``landed(rel)`` for each of ``files`` once
+    in place; it brings down all but ``streamed`` first. Use as a context manager, or call
+    `close`: it waits for the thread, which stops after the file it is on when closed early.
+    """
+
+    def __init__(self, folder: Path, fetch: Fetch, files: Iterable[str], streamed: Iterable[str]) -> None:
+        self.folder = folder
+        self._first = set(files) - set(streamed)
+        self._landed: set[str] = set()
+        self._done = False
+        self._error: BaseException | None = None
+        self._closing = False
+        self._changed = threading.Condition()
+        self._thread = threading.Thread(target=self._run, args=(fetch,), name="resumable-arrival",
+                                        daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def already_here(cls, folder: Path) -> Arrival:
+        """A folder whose files are all in place and checked (a local run's own folder)."""
+        return cls(folder, lambda landed: folder, (), ())
+
+    def wait_first(self) -> Path:
+        """The folder, once every file but the streamed ones has landed (they come last)."""
+        self._wait(lambda: self._first <= self._landed)
+        return self.folder
+
+    def wait_for(self, rel: str) -> Path:
+        """The local path of file ``rel`` once it has landed (once all have, for a file the
+        checkpoint does not hold: the caller finds it missing)."""
+        self._wait(lambda: rel in self._landed)
+        return self.folder / rel
+
+    def result(self) -> Path:
+        """The folder, once every file has landed."""
+        self._wait(lambda: self._done)
+        return self.folder
+
+    def _wait(self, ready: Callable[[], bool]) -> None:
+        """Until ``ready()``; raises the fetch's error if it failed first."""
+        with self._changed:
+            self._changed.wait_for(lambda: ready() or self._done or self._error is not None)
+            if not ready() and self._error is not None:
+                raise self._error
+
+    def close(self) -> None:
+        """Stop after the file being fetched now, and wait for that."""
+        with self._changed:
+            self._closing = True
+        self._thread.join()
+
+    def __enter__(self) -> Arrival:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def _run(self, fetch: Fetch) -> None:
+        try:
+            fetch(self._land)
+        except _Closed:
+            with self._changed:
+                self._error = RuntimeError("closed before all files came down")
+                self._changed.notify_all()
+            return
+        except BaseException as e:  # noqa: BLE001 - handed to the waiting thread
+            with self._changed:
+                self._error = e
+                self._changed.notify_all()
+            return
+        with self._changed:
+            self._done = True
+            self._changed.notify_all()
+
+    def _land(self, rel: str) -> None:
+        with self._changed:
+            self._landed.add(rel)
+            self._changed.notify_all()
+            if self._closing:
+                raise _Closed()
+
+
+class _Closed(BaseException):
+    """Ends the fetch of a closed Arrival between two files (never seen outside)."""
