@@ -9,7 +9,9 @@ at a time. Reports the time training was blocked per save, the checkpoint's size
 peak RSS above the baseline taken at the start of each save and of each resume, and the resume
 times (each in a fresh process) against plain Keras reading the same checkpoint: its
 ``load_model`` of the ``.keras`` file or, for shards, ``model_from_json`` and ``load_weights``
-of ``model.weights.json`` (from ``gs://``: after a gcsfs ``get`` of the folder).
+of ``model.weights.json`` (from ``gs://``: after a gcsfs ``get`` of the folder), and against
+resumable's own download of every file before loading ("fetch, then load": the effect of
+loading shards as they land).
 
     python benchmarks/bench_scale.py                       # 250M parameters (~3 GB), local, shards of 1 GiB
     python benchmarks/bench_scale.py --gcs                 # the same to gs:// on fake-gcs-server
@@ -24,6 +26,7 @@ import contextlib
 import math
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -37,7 +40,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 from bench_list import emulator  # noqa: E402
 from bench_save import RSS  # noqa: E402  (the same sampler as the save benchmark)
 
-LOADS = ("keras", "resume(build_model)", "resume()")
+LOADS = ("keras", "resume(build_model)", "resume()", "fetch, then load")
 
 
 def build_model(params: float) -> Any:
@@ -68,6 +71,13 @@ def load_once(args: argparse.Namespace) -> int:
         plain_keras_load(args.folder, latest.name, latest.manifest.payload or "model.keras")
     elif args.load == "resume()":
         resumable.resume(args.folder, monitor="loss")
+    elif args.load == "fetch, then load":  # what resume() did before it read shards as they land
+        from resumable.keras import keras_io
+
+        manager = resumable.CheckpointCallback(args.folder, monitor="loss").manager
+        found = manager.fetch_newest(warn=print, check=keras_io.read_state)
+        assert found is not None
+        keras_io.load_model(found[1], None, where=found[0].url)
     else:
         resumable.resume(args.folder, build_model=lambda: build_model(args.params), monitor="loss")
     print(time.perf_counter() - started, rss.over())
@@ -118,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--folder", default=None, help="run folder (default: a temporary folder)")
     parser.add_argument("--gcs", action="store_true", help="a run folder in a fresh fake-gcs-server")
     parser.add_argument("--max-shard-size", type=float, default=1.0, help="GiB; 0: one file")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of the timed loads (default 3)")
     parser.add_argument("--load", choices=LOADS, help=argparse.SUPPRESS)  # one timed load (a child)
     args = parser.parse_args(argv)
     if args.load:
@@ -193,22 +204,24 @@ def measure(args: argparse.Namespace, build: Any, folder: str, tmp: str) -> int:
           f"{', '.join(f'{p:,.0f} MB' for p in alone)}", flush=True)
 
     # Each load in a fresh process: its peak is its own, and the training above is not in it.
-    timings: dict[str, tuple[float, float]] = {}
-    for _ in range(2):  # interleaved twice; the faster of each
-        for how in LOADS:
+    # Rounds in rotated order; each round's time over plain Keras' in the same round.
+    times: dict[str, list[float]] = {how: [] for how in LOADS}
+    peaks_mb: dict[str, float] = {}
+    for number in range(args.rounds):
+        for how in LOADS[number % len(LOADS):] + LOADS[:number % len(LOADS)]:
             done = subprocess.run([sys.executable, __file__, "--load", how, "--folder", folder,
                                    "--params", str(args.params)], capture_output=True, text=True)
             if done.returncode:
                 raise SystemExit(f"{how} failed:\n{done.stderr[-3000:]}")
             seconds, peak = map(float, done.stdout.split()[-2:])
-            if how not in timings or seconds < timings[how][0]:
-                timings[how] = (seconds, peak)
-    base = timings["keras"][0]
-    for how, (seconds, peak) in timings.items():
-        print(f"{how:<22} {seconds:6.2f} s ({seconds / base:.2f}x plain Keras), peak RSS over baseline "
-              f"{peak:,.0f} MB ({peak / size:.2f}x)")
+            times[how].append(seconds)
+            peaks_mb[how] = max(peaks_mb.get(how, 0.0), peak)
+    for how in LOADS:
+        ratios = sorted(t / k for t, k in zip(times[how], times["keras"], strict=True))
+        print(f"{how:<18} median {statistics.median(times[how]):6.2f} s, {statistics.median(ratios):.2f}x "
+              f"plain Keras (range {ratios[0]:.2f}x to {ratios[-1]:.2f}x over {args.rounds} rounds); "
+              f"peak RSS over baseline {peaks_mb[how]:,.0f} MB ({peaks_mb[how] / size:.2f}x)")
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())
