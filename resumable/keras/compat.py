@@ -492,6 +492,22 @@ def load_unzipped_model(config: str, weights: str, assets: str | None,
     return model
 
 
+def load_keras_archive(archive: Any, weights: Any) -> keras.Model | None:
+    """``keras.saving.load_model`` of an open ``.keras`` zip whose weights are read from the file
+    object ``weights`` (`zip_member.MemberWindow`: in place, where Keras reads the whole member
+    into memory first): the model from ``config.json``, compiled, its weights, optimizer state
+    and assets loaded as Keras does. None, having loaded nothing, when this Keras lacks the
+    internals: the caller uses ``load_model``. Raises ValueError as Keras does."""
+    saving_lib = _saving_lib()
+    if saving_lib is None or not _can_load_state(saving_lib) or not hasattr(saving_lib, "_model_from_config"):
+        return None
+    model = saving_lib._model_from_config(archive.read("config.json").decode(), None, True, True)
+    has_assets = len(archive.namelist()) > 3  # as Keras: anything beyond metadata, config and weights
+    assets = saving_lib.DiskIOStore("assets", archive=archive, mode="r") if has_assets else None
+    _load_into(saving_lib, model, saving_lib.H5IOStore(weights, mode="r"), assets)
+    return model
+
+
 def _can_load_state(saving_lib: ModuleType) -> bool:
     return all(hasattr(saving_lib, name) for name in ("_load_state", "_raise_loading_failure"))
 

@@ -389,9 +389,13 @@ def _here(name: str) -> None:
 
 
 def _load_saved_model(folder: Path, weights_file: Path, landed: Landed) -> keras.Model:
-    """The model as saved: a ``.keras`` file, or an unzipped one with sharded weights."""
+    """The model as saved: a ``.keras`` file (its weights read in place, `zip_member`), or an
+    unzipped one with sharded weights."""
     if weights_file.name != SHARDS_FILE:
-        return keras.saving.load_model(str(weights_file))
+        with open(weights_file, "rb") as file, zipfile.ZipFile(file) as archive:
+            window = zip_member.stored_member(archive, file, WEIGHTS_FILE)
+            model = compat.load_keras_archive(archive, window) if window is not None else None
+        return model if model is not None else keras.saving.load_model(str(weights_file))
     assets = folder / ASSETS_FOLDER
     return compat.load_unzipped_model((folder / CONFIG_FILE).read_text(), str(weights_file),
                                       str(assets) if assets.is_dir() else None, landed)

@@ -89,3 +89,40 @@ def test_resume_with_build_model_reads_the_weights_in_place(tmp_path: Path,
     for a, b in zip([*first.model.weights, *first.model.optimizer.variables],
                     [*resumed.model.weights, *resumed.model.optimizer.variables], strict=True):
         np.testing.assert_array_equal(keras.ops.convert_to_numpy(a), keras.ops.convert_to_numpy(b))
+
+
+def test_resume_without_build_model_reads_the_weights_and_assets_in_place(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The model, its compile arguments, weights, optimizer state and assets (a lookup layer's
+    vocabulary), as keras.saving.load_model gives them, read from a window onto the member."""
+    import keras
+
+    from resumable.keras import compat, keras_io
+
+    lookup = keras.layers.StringLookup(name="lookup")
+    lookup.adapt(np.array(["cat", "dog", "emu", "dog"]))  # an adapted vocabulary is saved as an asset
+    inputs = keras.Input((1,), dtype="string")
+    ids = lookup(inputs)
+    outputs = keras.layers.Dense(2)(keras.layers.Embedding(5, 4)(ids))
+    model = keras.Model(inputs, outputs)
+    model.compile(optimizer=keras.optimizers.Adam(3e-3), loss="mse")
+    model.optimizer.build(model.trainable_variables)
+    keras_io.save(model, tmp_path / "ckpt", weights_only=False, state={})
+    archives: list[object] = []
+    original = compat.load_keras_archive
+
+    def load_keras_archive(archive: object, weights: object) -> keras.Model | None:
+        archives.append(weights)
+        return original(archive, weights)
+
+    monkeypatch.setattr(compat, "load_keras_archive", load_keras_archive)
+    ours = keras_io.load_model(tmp_path / "ckpt", None, where="ckpt")
+    theirs = keras.saving.load_model(tmp_path / "ckpt" / "model.keras")
+    assert len(archives) == 1 and isinstance(archives[0], zip_member.MemberWindow)
+    with zipfile.ZipFile(tmp_path / "ckpt" / "model.keras") as archive:
+        assert any(name.startswith("assets/") for name in archive.namelist())
+    assert ours.get_layer("lookup").get_vocabulary() == theirs.get_layer("lookup").get_vocabulary()
+    assert ours.optimizer.learning_rate.numpy() == pytest.approx(3e-3) and ours.loss == theirs.loss
+    for a, b in zip([*ours.weights, *ours.optimizer.variables],
+                    [*theirs.weights, *theirs.optimizer.variables], strict=True):
+        np.testing.assert_array_equal(keras.ops.convert_to_numpy(a), keras.ops.convert_to_numpy(b))
