@@ -359,7 +359,7 @@ def load_model(folder: Path, build_model: Callable[[], keras.Model] | None, *, s
                     f"{where} holds weights only (save_weights_only=True); pass build_model=<a function "
                     "returning the compiled model> to resumable.resume()"
                 )
-            model = _load_saved_model(folder, weights_file, landed)
+            model = _load_saved_model(folder, weights_file, landed, where)
         else:
             model = build(build_model)
             _ensure_built(model, state.get("model", {}), where)
@@ -388,7 +388,7 @@ def _here(name: str) -> None:
     """Every file of a fetched folder is in place."""
 
 
-def _load_saved_model(folder: Path, weights_file: Path, landed: Landed) -> keras.Model:
+def _load_saved_model(folder: Path, weights_file: Path, landed: Landed, where: str) -> keras.Model:
     """The model as saved: a ``.keras`` file (its weights read in place, `zip_member`), or an
     unzipped one with sharded weights."""
     if weights_file.name != SHARDS_FILE:
@@ -397,8 +397,45 @@ def _load_saved_model(folder: Path, weights_file: Path, landed: Landed) -> keras
             model = compat.load_keras_archive(archive, window) if window is not None else None
         return model if model is not None else keras.saving.load_model(str(weights_file))
     assets = folder / ASSETS_FOLDER
-    return compat.load_unzipped_model((folder / CONFIG_FILE).read_text(), str(weights_file),
-                                      str(assets) if assets.is_dir() else None, landed)
+    with _shards_read(weights_file, where):
+        return compat.load_unzipped_model((folder / CONFIG_FILE).read_text(), str(weights_file),
+                                          str(assets) if assets.is_dir() else None, landed)
+
+
+@contextlib.contextmanager
+def _shards_read(weights_file: Path, where: str) -> Iterator[None]:
+    """Around a load of sharded weights: their map checked first (it names only shards beside
+    it), and a shard that cannot be opened as one a damaged checkpoint, said in one line."""
+    problem = _shard_map_problem(weights_file)
+    if problem is None:
+        try:
+            yield
+            return
+        except FileNotFoundError:
+            problem = "names a shard the checkpoint does not hold"
+        except OSError:  # h5py: not an HDF5 file
+            problem = "names a shard that is not an HDF5 file"
+    raise CorruptCheckpointError(f"{where}: {SHARDS_FILE}: {printable(problem)}; the checkpoint is damaged, "
+                                 "an older one will be used")
+
+
+def _shard_map_problem(weights_file: Path) -> str | None:
+    """What is wrong with Keras' shard map, read as strict JSON; None if nothing. The files it
+    names must be shard names (``model_00000.weights.h5``): never a path, nor another file."""
+    with weights_file.open("rb") as f:
+        data = f.read(min(os.fstat(f.fileno()).st_size, STATE_LIMIT) + 1)
+    try:
+        shards = safe_json.loads(data, STATE_LIMIT)
+    except ValueError as e:
+        return str(e)
+    files = shards.get("weight_map") if isinstance(shards, dict) else None
+    if not isinstance(files, dict):
+        return "has no weight_map object"
+    for names in files.values():
+        for name in names if isinstance(names, list) else [names]:
+            if not isinstance(name, str) or not is_shard(name):
+                return f"names {_shown(name)}, which is no shard"
+    return None
 
 
 def _weights_file(folder: Path, layout: dict[str, Any] | None, where: str) -> Path:
@@ -422,12 +459,12 @@ def _load_weights(model: keras.Model, weights_file: Path, layout: dict[str, Any]
         # Keras 3 skips optimizer variables in load_weights unless the optimizer exists.
         optimizer.build(model.trainable_variables)
     try:
-        _load_keras_weights(model, weights_file, landed)
+        _load_keras_weights(model, weights_file, landed, where)
     except ValueError as e:
         raise CheckpointMismatchError(f"{where} does not fit {target}: {e}") from e
 
 
-def _load_keras_weights(model: keras.Model, weights_file: Path, landed: Landed) -> None:
+def _load_keras_weights(model: keras.Model, weights_file: Path, landed: Landed, where: str) -> None:
     """``model.load_weights`` of a checkpoint's weights; from a ``.keras`` file, at load_model's speed.
 
     Keras' load_weights reads a ``.keras`` file's weights through the zip member, seeking in
@@ -437,7 +474,8 @@ def _load_keras_weights(model: keras.Model, weights_file: Path, landed: Landed) 
     Sharded weights are read a shard at a time, each once it has ``landed``.
     """
     if weights_file.name == SHARDS_FILE:
-        compat.load_sharded_weights(model, str(weights_file), landed)
+        with _shards_read(weights_file, where):
+            compat.load_sharded_weights(model, str(weights_file), landed)
         return
     if weights_file.name != MODEL_FILE:
         model.load_weights(str(weights_file))

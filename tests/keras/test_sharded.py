@@ -17,6 +17,7 @@ from paths import JOBS
 
 import resumable
 from resumable import CheckpointMismatchError, CheckpointNotFoundError, RunStorage
+from resumable.core.checksum import crc32c_of_file
 from resumable.manager.arrival import Arrival
 from resumable.storage import transfers
 from resumable.storage.transfers import Transfers
@@ -123,6 +124,46 @@ def test_a_sharded_checkpoint_that_does_not_fit_is_refused_in_one_line(tmp_path:
     with pytest.raises(CheckpointMismatchError) as caught:
         resumable.resume(str(tmp_path / "run"), build_model=other)
     assert "\n" not in str(caught.value) and "hidden" in str(caught.value)
+
+
+def forge_shard_map(folder: Path, text: bytes) -> None:
+    """Replace a checkpoint's shard map, its manifest updated to vouch for it: as a hostile or
+    buggy writer would leave it (the checksums check out)."""
+    (folder / "model.weights.json").write_bytes(text)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["files"]["model.weights.json"] = {"size": len(text),
+                                               "crc32c": crc32c_of_file(folder / "model.weights.json")}
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize(("names", "said"), [
+    ("../../outside/precious.h5", "names '../../outside/precious.h5', which is no shard"),
+    ("state.json", "names 'state.json', which is no shard"),
+    ("model_00099.weights.h5", "names a shard the checkpoint does not hold"),
+    ("manifest.json", "names 'manifest.json', which is no shard"),
+    (None, "has no weight_map object"),
+])
+@pytest.mark.parametrize("with_build_model", [False, True])
+def test_a_shard_map_naming_other_files_is_a_damaged_checkpoint(tmp_path: Path, names: str | None, said: str,
+                                                               with_build_model: bool) -> None:
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "precious.h5").write_bytes(b"keep me")
+    train(str(tmp_path / "run"), 2, keep_last=None)
+    folder = tmp_path / "run" / "ckpt-000002"
+    shards = json.loads((folder / "model.weights.json").read_text())
+    if names is None:
+        del shards["weight_map"]
+    else:
+        shards["weight_map"][next(iter(shards["weight_map"]))] = names
+    forge_shard_map(folder, json.dumps(shards).encode())
+    with pytest.warns(UserWarning) as warned:
+        resumed = resumable.resume(str(tmp_path / "run"), build_model=build if with_build_model else None,
+                                   monitor="loss")
+    messages = [str(w.message) for w in warned if "damaged" in str(w.message)]
+    assert len(messages) == 1 and f"ckpt-000002: model.weights.json: {said}" in messages[0], messages
+    assert "\n" not in messages[0]
+    assert resumed.initial_epoch == 1
+    assert (tmp_path / "outside" / "precious.h5").read_bytes() == b"keep me"
 
 
 @pytest.mark.parametrize("size", [0, -1.0, float("nan"), "1", True])
