@@ -1,8 +1,8 @@
 """`Arrival`: a checkpoint's files coming down in a thread, each usable as soon as it has landed.
 
 A resume from a bucket reads a big checkpoint's shards while the next ones download: the
-storage layer fetches the small files first and then the big ones in a fixed order
-(`RunStorage.streamed_files`), announcing each file once it is in place and its checksum
+storage layer fetches the other files first and then those the loader names, in that order
+(`RunStorage.fetch`'s ``last``), announcing each file once it is in place and its checksum
 checked. The loader asks for a file with `wait_for`, which returns when that file has landed,
 or raises the fetch's error (a damaged file: CorruptCheckpointError). Nothing unchecked is
 ever handed out.

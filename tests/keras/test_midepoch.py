@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from fit_interrupts import InterruptAt
 from paths import JOBS
 
 import resumable
@@ -87,22 +88,6 @@ def fit_args(data: str) -> tuple[tuple[Any, ...], dict[str, Any]]:
     if data == "generator":
         return (endless(),), {**common, "steps_per_epoch": STEPS}
     raise AssertionError(data)
-
-
-class InterruptAt(keras.callbacks.Callback):
-    """Raise KeyboardInterrupt after batch ``batch`` (1-based) of epoch ``epoch`` (0-based)."""
-
-    def __init__(self, epoch: int, batch: int) -> None:
-        super().__init__()
-        self.at = (epoch, batch)
-        self.epoch = -1
-
-    def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
-        self.epoch = epoch
-
-    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
-        if (self.epoch, batch + 1) == self.at:
-            raise KeyboardInterrupt
 
 
 def same_weights(a: Any, b: Any) -> bool:

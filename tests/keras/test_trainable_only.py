@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from fit_interrupts import InterruptAt
 
 import resumable
 from resumable import CheckpointMismatchError, CheckpointNotFoundError, RunStorage
@@ -106,23 +107,6 @@ def test_a_trainable_only_resume_equals_a_run_never_stopped(tmp_path: Path) -> N
 
     assert_same_state(straight.model, resumed.model)
     assert resumed.history == straight.history
-
-
-class InterruptAt(keras.callbacks.Callback):
-    """Raise KeyboardInterrupt after batch ``batch`` (1-based) of epoch ``epoch`` (0-based):
-    run.fit then saves a mid-epoch checkpoint there."""
-
-    def __init__(self, epoch: int, batch: int) -> None:
-        super().__init__()
-        self.at = (epoch, batch)
-        self.epoch = -1
-
-    def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
-        self.epoch = epoch
-
-    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
-        if (self.epoch, batch + 1) == self.at:
-            raise KeyboardInterrupt
 
 
 def test_a_mid_epoch_trainable_only_checkpoint_resumes_at_its_batch(tmp_path: Path) -> None:
