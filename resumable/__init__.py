@@ -1,7 +1,7 @@
 """resumable: Keras training that survives Colab disconnects.
 
 Storage and the CLI work without TensorFlow; the Keras-facing names (`CheckpointCallback`,
-`resume`, `Run`, `ModelCheckpoint`, `BackupAndRestore`, `load_model`, ...) are imported on first use.
+`resume`, `Run`, `ModelCheckpoint`, `BackupAndRestore`, `save_model`, `load_model`, ...) are imported on first use.
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ from resumable.storage.retry import RetryPolicy
 if TYPE_CHECKING:
     from resumable.keras.backup_and_restore import BackupAndRestore
     from resumable.keras.callback import CheckpointCallback
-    from resumable.keras.model_checkpoint import ModelCheckpoint, load_model, load_weights, verify_file
+    from resumable.keras.model_checkpoint import ModelCheckpoint
+    from resumable.keras.model_files import load_model, load_weights, save_model, verify_file
     from resumable.keras.run import Run, resume
 
 # `resume` lives in resumable.keras.run: a submodule named resumable.resume would replace the function
@@ -42,9 +43,10 @@ _LAZY = {
     "BackupAndRestore": "resumable.keras.backup_and_restore",
     "CheckpointCallback": "resumable.keras.callback",
     "ModelCheckpoint": "resumable.keras.model_checkpoint",
-    "load_model": "resumable.keras.model_checkpoint",
-    "load_weights": "resumable.keras.model_checkpoint",
-    "verify_file": "resumable.keras.model_checkpoint",
+    "load_model": "resumable.keras.model_files",
+    "load_weights": "resumable.keras.model_files",
+    "save_model": "resumable.keras.model_files",
+    "verify_file": "resumable.keras.model_files",
     "resume": "resumable.keras.run",
     "Run": "resumable.keras.run",
 }
@@ -87,5 +89,6 @@ __all__ = [
     "load_model",
     "load_weights",
     "resume",
+    "save_model",
     "verify_file",
 ]

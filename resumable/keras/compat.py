@@ -556,6 +556,53 @@ def model_json(model: keras.Model) -> tuple[str, str]:
     return config, metadata
 
 
-__all__ = ["ArrayAdapters", "array_adapters", "global_seed_generator", "lora_layer_variables",
-           "model_checkpoint_internals", "running_fit_callbacks", "set_fit_initial_epoch",
-           "tensorflow_unavailable", "trained_non_trainable_variables", "unsupported"]
+# ----------------------------------------------------------------------------- legacy HDF5 files (Keras 2's)
+
+
+@contextlib.contextmanager
+def compile_config_kept(model: keras.Model) -> Iterator[None]:
+    """Keras' legacy HDF5 save pops ``"optimizer"`` out of ``model._compile_config.config`` (every
+    Keras 3 up to 3.15): a later ``.keras`` save of the model then holds no optimizer (and loads
+    with RMSprop). The config is put back as it was after the save."""
+    holder = getattr(model, "_compile_config", None)
+    config = getattr(holder, "config", None)
+    saved = dict(config) if isinstance(config, dict) else None
+    try:
+        yield
+    finally:
+        now = getattr(holder, "config", None)
+        if saved is not None and isinstance(now, dict):
+            for key, value in saved.items():
+                now.setdefault(key, value)
+
+
+def _legacy_h5_format() -> ModuleType | None:
+    try:
+        from keras.src.legacy.saving import legacy_h5_format
+    except ImportError:
+        return None
+    needed = ("save_weights_to_hdf5_group", "save_optimizer_weights_to_hdf5_group")
+    return legacy_h5_format if all(hasattr(legacy_h5_format, name) for name in needed) else None
+
+
+def can_write_legacy_weights() -> bool:
+    """Whether this Keras can write a Keras 2 weights file (`write_legacy_weights`)."""
+    return _legacy_h5_format() is not None
+
+
+def write_legacy_weights(model: keras.Model, file: Any) -> None:
+    """Write the model's weights into the open ``h5py.File`` as Keras 2's ``save_weights("w.h5")``
+    did (and ``Model.load_weights`` of an ``.h5`` still reads), with the optimizer's variables
+    when it is built."""
+    legacy = _legacy_h5_format()
+    assert legacy is not None
+    legacy.save_weights_to_hdf5_group(file, model)
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is not None and getattr(optimizer, "built", False):
+        legacy.save_optimizer_weights_to_hdf5_group(file, optimizer)
+
+
+__all__ = ["ArrayAdapters", "array_adapters", "can_write_legacy_weights", "compile_config_kept",
+           "global_seed_generator", "lora_layer_variables", "model_checkpoint_internals",
+           "running_fit_callbacks", "set_fit_initial_epoch", "tensorflow_unavailable",
+           "trained_non_trainable_variables", "unsupported", "write_legacy_weights"]

@@ -50,7 +50,7 @@ from resumable.core.errors import (
     CorruptCheckpointError,
     ResumableError,
 )
-from resumable.keras import compat, lora, trainable, zip_member
+from resumable.keras import compat, legacy_h5, lora, trainable, zip_member
 
 # The file names come from the module that writes them; callers know them from here.
 from resumable.keras.snapshot import (
@@ -922,15 +922,18 @@ def logs_to_floats(logs: dict[str, Any] | None) -> dict[str, float]:
 # -------------------------------------------------------------------- single files, checkpoint into a model
 
 
-def save_file(model: keras.Model, path: Path) -> None:
+def save_file(model: keras.Model, path: Path, *, weights_only: bool = False, **kwargs: Any) -> None:
     """One model file as Keras writes it, by suffix: ``.keras`` (model.save), ``.weights.h5``
     (save_weights: weights and the optimizer's state once built), ``.h5`` (Keras' legacy HDF5
-    model file, which both ``keras.saving.load_model`` and ``Model.load_weights`` read)."""
+    file: the model, or with ``weights_only`` Keras 2's weights file; `legacy_h5`). ``kwargs``
+    go to Keras' save."""
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.name.endswith(".weights.h5"):
-        model.save_weights(str(path), overwrite=True)
+        model.save_weights(str(path), overwrite=True, **kwargs)
+    elif legacy_h5.is_legacy_name(path.name):
+        legacy_h5.save(model, path, weights_only=weights_only, **kwargs)
     else:
-        model.save(str(path), overwrite=True)
+        model.save(str(path), overwrite=True, **kwargs)
 
 
 def load_into(model: keras.Model, folder: Path, where: str) -> None:
@@ -952,8 +955,11 @@ def load_into(model: keras.Model, folder: Path, where: str) -> None:
 
 
 def load_file(path: Path, **kwargs: Any) -> keras.Model:
-    """``keras.saving.load_model`` of one local model file (resumable.load_model)."""
+    """``keras.saving.load_model`` of one local model file (resumable.load_model); a legacy HDF5
+    file with its optimizer state (`legacy_h5`)."""
     with _no_tensorflow_import():
+        if legacy_h5.is_legacy_name(path.name):
+            return legacy_h5.load_model(path, **kwargs)
         return keras.saving.load_model(str(path), **kwargs)
 
 
@@ -962,4 +968,7 @@ def load_weights_file(model: keras.Model, path: Path, **kwargs: Any) -> None:
     optimizer = getattr(model, "optimizer", None)
     if optimizer is not None and not optimizer.built and model.built:
         optimizer.build(model.trainable_variables)  # Keras 3 skips optimizer variables otherwise
-    model.load_weights(str(path), **kwargs)
+    if legacy_h5.is_legacy_name(path.name):
+        legacy_h5.load_weights(model, path, **kwargs)
+    else:
+        model.load_weights(str(path), **kwargs)

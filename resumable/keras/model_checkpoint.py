@@ -13,20 +13,23 @@ from __future__ import annotations
 import datetime
 import itertools
 import os
-import shutil
+import sys
 import tempfile
+import threading
 import warnings
 from pathlib import Path
 from typing import Any
 
 import keras
+from absl import logging as absl_logging
 
 from resumable.core.errors import ResumableError
-from resumable.keras import compat, keras_io
+from resumable.keras import compat, keras_io, legacy_h5
+from resumable.keras.model_files import load_model, load_weights, save_model, verify_file
 from resumable.manager.file_writer import FileJob, FileWriter
-from resumable.storage.single_file import FileRecord, FileTarget
+from resumable.storage.mounts import check_drive_mounted
+from resumable.storage.single_file import FileTarget, split_url
 
-_LEGACY_SUFFIXES = (".h5", ".hdf5")
 _counter = itertools.count()
 
 
@@ -45,17 +48,28 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
     - optional retention (``keep_last``).
 
     File names: ``.keras`` and ``.weights.h5`` are written as Keras writes them. ``.h5`` and
-    ``.hdf5`` names not ending in ``.weights.h5`` (the names older articles use) hold Keras'
-    legacy HDF5 model file, with or without ``save_weights_only``: both
-    ``keras.saving.load_model(path)`` and ``model.load_weights(path)`` read it back (Keras 3 itself
-    refuses ``.hdf5``, and ``.h5`` with ``save_weights_only=True``).
+    ``.hdf5`` names not ending in ``.weights.h5`` (the names Keras 2 notebooks and older articles
+    use) hold Keras' legacy HDF5 format, as Keras 2 wrote them: the whole model, or with
+    ``save_weights_only=True`` Keras 2's weights file. `resumable.load_model` reads a model file
+    back compiled, with its optimizer state (Keras 3's own loader drops it), so
+    ``fit(initial_epoch=N)`` continues; ``model.load_weights(path)`` reads both kinds.
+
+    Example:
+
+    ```python
+    cb = resumable.ModelCheckpoint("/content/drive/MyDrive/ckpt/weights-{epoch:02d}-{val_accuracy:.3f}.hdf5",
+                                   monitor="val_accuracy", verbose=1, mode="max")
+    model.fit(x, y, epochs=20, validation_data=(x_val, y_val), callbacks=[cb])
+    ```
 
     Args:
         filepath: The file to write: a fixed name (``"best.keras"``) or a template with
             ``{epoch}``, ``{batch}`` and any logged metric (``"w-{epoch:02d}-{val_loss:.2f}.keras"``);
             local, ``/content/drive/...``, ``gs://bucket/...`` or another fsspec URL.
         monitor: As in Keras. Defaults to ``"val_loss"``.
-        verbose: As in Keras. Defaults to 0.
+        verbose: As in Keras: 0 is silent, 1 prints Keras' lines ("Epoch 3: saving model to
+            ...", "... finished saving model to ...", the latter once the file has landed);
+            ``"auto"`` means 1. Defaults to 0.
         save_best_only: As in Keras. Defaults to False.
         save_weights_only: As in Keras. Defaults to False.
         mode: As in Keras. Defaults to ``"auto"``.
@@ -74,7 +88,7 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
         self,
         filepath: str | os.PathLike[str],
         monitor: str = "val_loss",
-        verbose: int = 0,
+        verbose: int | str = 0,
         save_best_only: bool = False,
         save_weights_only: bool = False,
         mode: str = "auto",
@@ -91,11 +105,11 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
             raise ResumableError(problem)
         text = os.fspath(filepath) if isinstance(filepath, (str, os.PathLike)) else filepath
         # The names Keras 3 refuses but articles use: checked by Keras as the name it accepts.
-        legacy = isinstance(text, str) and _legacy_name(text)
+        legacy = isinstance(text, str) and legacy_h5.is_legacy_name(text)
         checked = text + (".weights.h5" if save_weights_only else ".keras") if legacy else text
-        super().__init__(checked, monitor=monitor, verbose=verbose, save_best_only=save_best_only,
-                         save_weights_only=save_weights_only, mode=mode, save_freq=save_freq,
-                         initial_value_threshold=initial_value_threshold)
+        super().__init__(checked, monitor=monitor, verbose=_check_verbose(verbose),
+                         save_best_only=save_best_only, save_weights_only=save_weights_only, mode=mode,
+                         save_freq=save_freq, initial_value_threshold=initial_value_threshold)
         self.filepath = text
         if keep_last is not None and (not isinstance(keep_last, int) or isinstance(keep_last, bool)
                                       or keep_last < 1):
@@ -104,6 +118,7 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
         if not isinstance(async_upload, bool):
             raise ValueError("Invalid value for argument `async_upload`. "
                              f"Received: async_upload={async_upload!r}. Expected True or False.")
+        _check_drive(text)
         self.keep_last = keep_last
         self.async_upload = async_upload
         self.storage_options = storage_options
@@ -112,19 +127,45 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
         self.writer = FileWriter(background=async_upload)
         self.written: list[str] = []  # URLs written by this callback, oldest first (for keep_last)
         self._targets: dict[str, FileTarget] = {}
+        # Keras' "finished saving" lines, once the file landed, printed by the training thread
+        self._lines: list[str] = []
+        self._lines_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"ModelCheckpoint({self.filepath!r}, monitor={self.monitor!r})"
 
     # ------------------------------------------------------------------ Keras hooks
 
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        super().on_train_begin(logs)
+        if legacy_h5.is_legacy_name(self.filepath) and not self.save_weights_only:
+            _check_legacy_model(self.model, self.filepath)
+
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        super().on_train_batch_end(batch, logs)
+        self.print_lines()
+
+    def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        super().on_epoch_begin(epoch, logs)
+        self.print_lines()
+
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
         super().on_train_end(logs)
-        self.wait_for_uploads()
+        try:
+            self.wait_for_uploads()
+        finally:
+            self.print_lines()
 
     def wait_for_uploads(self, timeout: float | None = None) -> bool:
         """Block until the files saved so far are written; raises the last failure. False on timeout."""
         return self.writer.wait(timeout)
+
+    def print_lines(self) -> None:
+        """Print the "finished saving" lines of the files landed since (the training thread only)."""
+        with self._lines_lock:
+            lines, self._lines = self._lines, []
+        for line in lines:
+            _print_msg(line)
 
     # ------------------------------------------------------------------ the write (Keras' _save_model)
 
@@ -139,29 +180,31 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
                 "Please specify a non-directory filepath for ModelCheckpoint. Filepath used is an "
                 f"existing directory: {filepath}"
             )
-        local = self.staging_dir / f"{os.getpid()}-{next(_counter)}" / _staged_name(target.name)
-        keras_io.save_file(self.model, local)
+        local = self.staging_dir / f"{os.getpid()}-{next(_counter)}" / legacy_h5.staged_name(target.name)
+        keras_io.save_file(self.model, local, weights_only=bool(self.save_weights_only))
         floats = keras_io.logs_to_floats(logs)
         details = keras_io.jsonable({
             "epoch": epoch + 1, "batch": None if batch is None else batch + 1,
             "step": keras_io.iterations(self.model), "monitor": self.monitor,
-            "best": None if self.best is None else float(self.best), "metrics": floats,
-            "weights_only": bool(self.save_weights_only), "keras": keras.__version__,
+            "mode": _mode_of(self), "best": None if self.best is None else float(self.best),
+            "metrics": floats, "weights_only": bool(self.save_weights_only), "keras": keras.__version__,
             "saved_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         })
-        self.writer.submit(FileJob(local, target, details, on_landed=lambda _: self._landed(target)))
-        if self.verbose > 0:
-            where = "uploading in the background" if self.async_upload else "written"
-            keras.utils.io_utils.print_msg(
-                f"\nEpoch {epoch + 1}: finished saving model to {filepath} ({where})")
+        line = f"\nEpoch {epoch + 1}: finished saving model to {filepath}" if self.verbose else None
+        self.writer.submit(FileJob(local, target, details, on_landed=lambda _: self._landed(target, line)))
+        if not self.async_upload:
+            self.print_lines()  # written inside the save: said where Keras says it
 
     def _target(self, url: str) -> FileTarget:
         if url not in self._targets:
             self._targets[url] = FileTarget(url, storage_options=self.storage_options)
         return self._targets[url]
 
-    def _landed(self, target: FileTarget) -> None:
-        """Retention after each file landed (in the writer's thread): keep the newest ``keep_last``."""
+    def _landed(self, target: FileTarget, line: str | None) -> None:
+        """After each file landed (in the writer's thread): its line, then retention (``keep_last``)."""
+        if line is not None:
+            with self._lines_lock:
+                self._lines.append(line)
         if target.url in self.written:
             self.written.remove(target.url)
         self.written.append(target.url)
@@ -175,62 +218,52 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
                 warnings.warn(f"resumable: could not delete {old}: {e}", stacklevel=1)
 
 
-def _legacy_name(name: str) -> bool:
-    """``.h5``/``.hdf5`` names Keras 3's ModelCheckpoint refuses or writes as legacy HDF5."""
-    return name.endswith(_LEGACY_SUFFIXES) and not name.endswith(".weights.h5")
+def _check_verbose(verbose: Any) -> int:
+    """Keras' 0 and 1 (any int >= 0, as Keras compares ``verbose > 0``); ``"auto"`` is 1, as for fit."""
+    if verbose == "auto":
+        return 1
+    if isinstance(verbose, int) and verbose >= 0:
+        return verbose
+    raise ValueError(
+        f"Invalid value for argument `verbose`. Received: verbose={verbose!r}. Expected 0, 1 or 'auto'."
+    )
 
 
-def _staged_name(name: str) -> str:
-    """The local file name Keras is asked to write: the suffix picks the format."""
-    if _legacy_name(name):
-        return name.rsplit(".", 1)[0] + ".h5"  # Keras' legacy HDF5 model file
-    return name
+def _check_drive(filepath: Any) -> None:
+    """A file under ``/content/drive`` while Drive is not mounted: refused now, not after an epoch."""
+    if isinstance(filepath, str) and "://" not in filepath:
+        folder, _ = split_url(filepath)
+        if "{" not in folder:
+            check_drive_mounted(filepath, folder)
 
 
-def _local_copy(filepath: str | os.PathLike[str], storage_options: dict[str, Any] | None
-                ) -> tuple[Path, FileRecord | None]:
-    target = FileTarget(os.fspath(filepath), storage_options=storage_options)
-    cache = Path(tempfile.mkdtemp(prefix="resumable-load-"))
-    path, record = target.fetch(cache)
-    if record is None:
-        warnings.warn(f"resumable: {target.url} has no checksum record ({target.name} was not written by "
-                      "resumable, or its writer was killed before the record): loaded unverified",
-                      stacklevel=3)
-    if _legacy_name(path.name) and not path.name.endswith(".h5"):
-        staged = cache / _staged_name(path.name)  # Keras reads legacy HDF5 by its suffix
-        if path.parent == cache:
-            path.rename(staged)
-        else:
-            shutil.copyfile(path, staged)
-        path = staged
-    return path, record
+def _check_legacy_model(model: keras.Model, filepath: str) -> None:
+    """Keras' HDF5 model file needs the model's config: say so before the first epoch, not after it."""
+    try:
+        model.get_config()
+    except NotImplementedError:
+        raise ValueError(
+            f"resumable.ModelCheckpoint: {filepath} names a Keras 2 HDF5 model file, which cannot hold "
+            f"{type(model).__name__} (a subclassed model without get_config()); name the file .keras, "
+            "or pass save_weights_only=True to write Keras 2's weights file"
+        ) from None
 
 
-def load_model(filepath: str | os.PathLike[str], *, storage_options: dict[str, Any] | None = None,
-               **kwargs: Any) -> keras.Model:
-    """``keras.saving.load_model`` of a file `ModelCheckpoint` wrote, checked against its record.
-
-    Works on local paths, Drive and ``gs://`` URLs. Raises `CorruptCheckpointError` when the file
-    does not match its checksum record; warns when it has none. ``kwargs`` go to Keras.
-    """
-    path, _ = _local_copy(filepath, storage_options)
-    return keras_io.load_file(path, **kwargs)
+def _mode_of(callback: keras.callbacks.ModelCheckpoint) -> str | None:
+    """'min' or 'max' as Keras resolved ``mode`` (``monitor_op`` is set at the first epoch end)."""
+    op = getattr(callback, "monitor_op", None)
+    if op is None:
+        return None
+    return "min" if op is keras.ops.less else "max" if op is keras.ops.greater else None
 
 
-def load_weights(model: keras.Model, filepath: str | os.PathLike[str], *,
-                 storage_options: dict[str, Any] | None = None, **kwargs: Any) -> None:
-    """``model.load_weights`` of a file `ModelCheckpoint` wrote, checked against its record.
-
-    As in Keras, compile the model first to get the optimizer state of a ``.weights.h5`` back.
-    """
-    path, _ = _local_copy(filepath, storage_options)
-    keras_io.load_weights_file(model, path, **kwargs)
-
-
-def verify_file(filepath: str | os.PathLike[str], *, storage_options: dict[str, Any] | None = None
-                ) -> FileRecord | None:
-    """Re-read a file `ModelCheckpoint` wrote and check it against its record; None without record."""
-    return FileTarget(os.fspath(filepath), storage_options=storage_options).verify()
+def _print_msg(message: str) -> None:
+    """As Keras prints its callbacks' lines: stdout with interactive logging, else absl's log."""
+    if keras.config.is_interactive_logging_enabled():
+        sys.stdout.write(message + "\n")
+        sys.stdout.flush()
+    else:
+        absl_logging.info(message)
 
 
-__all__ = ["ModelCheckpoint", "load_model", "load_weights", "verify_file"]
+__all__ = ["ModelCheckpoint", "load_model", "load_weights", "save_model", "verify_file"]

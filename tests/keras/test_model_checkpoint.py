@@ -96,7 +96,11 @@ def test_article_hdf5_names_load_back(tmp_path: Path, weights_only: bool) -> Non
     other = make_model()
     other.load_weights(written)
     assert same_weights(other, model)
-    assert same_weights(keras.saving.load_model(written), model)
+    if weights_only:  # Keras 2's weights file: no model config in it, as Keras 2 wrote it
+        with pytest.raises(ValueError, match="No model config found"):
+            keras.saving.load_model(written)
+    else:
+        assert same_weights(keras.saving.load_model(written), model)
     fresh = make_model()
     resumable.load_weights(fresh, written)
     assert same_weights(fresh, model)
