@@ -1,7 +1,8 @@
 """resumable: Keras training that survives Colab disconnects.
 
 Storage and the CLI work without TensorFlow; the Keras-facing names (`CheckpointCallback`,
-`resume`, `Run`, `ModelCheckpoint`, `BackupAndRestore`, `save_model`, `load_model`, ...) are imported on first use.
+`resume`, `Run`, `ModelCheckpoint`, `BackupAndRestore`, `save_model`, `load_model`, ...) are imported
+on first use.
 """
 
 from __future__ import annotations

@@ -23,7 +23,15 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from resumable.cli.common import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, EXIT_VERIFY_FAILED, UsageError
+from resumable.cli import model_files
+from resumable.cli.common import (
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    EXIT_VERIFY_FAILED,
+    FilesFolder,
+    UsageError,
+)
 from resumable.cli.inspection import run_inspect
 from resumable.cli.listing import run_list
 from resumable.cli.prune import run_prune
@@ -91,15 +99,25 @@ def _error(message: str) -> None:
 
 
 def _list(args: argparse.Namespace) -> int:
-    return run_list(args.url, monitor=args.monitor, mode=args.mode, deep=args.deep, as_json=args.json)
+    try:
+        return run_list(args.url, monitor=args.monitor, mode=args.mode, deep=args.deep, as_json=args.json)
+    except FilesFolder as e:  # resumable.ModelCheckpoint's files, not a run
+        return model_files.list_files(e.folder, monitor=args.monitor, mode=args.mode, as_json=args.json)
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    return run_inspect(args.url, epoch=args.epoch, name=args.name, as_json=args.json)
+    try:
+        return run_inspect(args.url, epoch=args.epoch, name=args.name, as_json=args.json)
+    except FilesFolder as e:
+        return model_files.inspect_file(e.folder, epoch=args.epoch, name=args.name, as_json=args.json)
 
 
 def _verify(args: argparse.Namespace) -> int:
-    return run_verify(args.url, epoch=args.epoch, name=args.name, latest=args.latest, as_json=args.json)
+    try:
+        return run_verify(args.url, epoch=args.epoch, name=args.name, latest=args.latest, as_json=args.json)
+    except FilesFolder as e:
+        return model_files.verify_files(e.folder, epoch=args.epoch, name=args.name, latest=args.latest,
+                                        as_json=args.json)
 
 
 def _prune(args: argparse.Namespace) -> int:

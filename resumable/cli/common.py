@@ -13,6 +13,7 @@ from resumable.core.errors import CheckpointNotFoundError, ResumableError, RunNo
 from resumable.core.manifest import MANIFEST_NAME
 from resumable.core.policy import best_one, resolve_mode
 from resumable.storage import CheckpointInfo, RunStorage
+from resumable.storage.file_folder import FileFolder, holds_model_files, list_model_files
 
 EXIT_OK = 0
 EXIT_VERIFY_FAILED = 1
@@ -27,14 +28,35 @@ class UsageError(ResumableError):
 # ------------------------------------------------------------------ opening a run
 
 
+class FilesFolder(UsageError):
+    """The URL holds model files with checksum records (resumable.ModelCheckpoint, save_model),
+    not a run's checkpoints. Raised by `load_run`; `list`, `inspect` and `verify` catch it and
+    run on the files (`model_files`); any other command reports it (exit 2)."""
+
+    def __init__(self, folder: FileFolder) -> None:
+        super().__init__(
+            f"{folder.url} holds model files (resumable.ModelCheckpoint or save_model), not the checkpoints "
+            "of a run: `resumable list`, `inspect` and `verify` read it; ModelCheckpoint(keep_last=N) "
+            "prunes it"
+        )
+        self.folder = folder
+
+
 def load_run(url: str | RunStorage, check_files: bool = True) -> tuple[RunStorage, list[CheckpointInfo]]:
-    """Open a run folder and list it; a folder that does not exist is an error, an empty one is not."""
+    """Open a run folder and list it; a folder that does not exist is an error, an empty one is not.
+
+    A folder of model files and no checkpoint raises `FilesFolder` (looked for only then).
+    """
     storage = url if isinstance(url, RunStorage) else RunStorage(url)
     infos = storage.list(check_files=check_files)
     if not infos and not storage.exists():  # only an empty listing pays for the second look
         raise RunNotFoundError(f"{storage.url}: not found; check the path and that the folder exists")
     if not infos and _is_one_checkpoint(storage):
         raise UsageError(f"{storage.url} is one checkpoint, not a run folder; pass the folder that holds it")
+    if not infos:
+        files = list_model_files(storage.url)
+        if holds_model_files(files):
+            raise FilesFolder(files)
     return storage, infos
 
 

@@ -111,9 +111,10 @@ def is_better(value: float, best: float | None, mode: str) -> bool:
 
 
 def best(checkpoints: Sequence[CheckpointLike], monitor: str, mode: str = "auto") -> list[CheckpointLike]:
-    """Good checkpoints that logged ``monitor``, best first (ties: the newer first).
+    """Good end-of-epoch checkpoints that logged ``monitor``, best first (ties: the newer first).
 
-    ``checkpoints`` are ordered oldest first.
+    ``checkpoints`` are ordered oldest first. A mid-epoch save is never a best: its metrics are
+    running averages over part of an epoch.
     """
     sign = 1 if resolve_mode(monitor, mode) == "min" else -1
     scored = [(score, c) for c in _newest_first(checkpoints) if (score := _score(c, monitor)) is not None]
@@ -128,6 +129,8 @@ def best_one(
     sign = 1 if resolve_mode(monitor, mode) == "min" else -1
     found, found_score = None, 0.0
     for c in _newest_first(checkpoints):
+        if c.batch:  # mid-epoch: part of an epoch's running averages, never a best
+            continue
         value = c.metrics.get(monitor)
         if value is None or value != value:  # not logged, or NaN: `_score` inlined, a call per checkpoint
             continue
@@ -208,6 +211,8 @@ def _newest_first(checkpoints: Sequence[CheckpointLike]) -> list[CheckpointLike]
 
 
 def _score(c: CheckpointLike, monitor: str) -> float | None:
+    if c.batch:  # a mid-epoch save: never a best
+        return None
     value = c.metrics.get(monitor)
     if value is None or math.isnan(value):
         return None

@@ -53,12 +53,13 @@ class BackupAndRestore(CheckpointCallback):
         delete_checkpoint: Delete the backups when training ends normally. Defaults to True.
         save_interval: Also back up mid-epoch once this much training time has passed (seconds
             or a ``timedelta``). Defaults to None.
-        verbose: 1 prints a line per backup. Defaults to 0.
+        verbose: 1 prints a line per backup, 0 is silent; ``"auto"`` is 1. Defaults to 0.
         staging_dir: As for `CheckpointCallback`.
         storage_options: As for `CheckpointCallback`.
         async_upload: As for `CheckpointCallback`.
         takeover: As for `CheckpointCallback`.
         lease_timeout: As for `CheckpointCallback`.
+        when_behind: As for `CheckpointCallback`.
     """
 
     def __init__(
@@ -69,12 +70,13 @@ class BackupAndRestore(CheckpointCallback):
         delete_checkpoint: bool = True,
         *,
         save_interval: float | datetime.timedelta | None = None,
-        verbose: int = 0,
+        verbose: int | str = 0,
         staging_dir: str | Path | None = None,
         storage_options: dict[str, Any] | None = None,
         async_upload: bool = True,
         takeover: bool = False,
         lease_timeout: float | datetime.timedelta = DEFAULT_TIMEOUT,
+        when_behind: str = "skip",
     ) -> None:
         if not backup_dir:
             raise ValueError("Empty `backup_dir` argument passed")
@@ -93,6 +95,7 @@ class BackupAndRestore(CheckpointCallback):
             keep_last=2 if self.double_checkpoint else 1, keep_best=0, save_weights_only=True,
             verbose=verbose, staging_dir=staging_dir, storage_options=storage_options,
             async_upload=async_upload, takeover=takeover, lease_timeout=lease_timeout,
+            when_behind=when_behind,
         )
 
     def __repr__(self) -> str:

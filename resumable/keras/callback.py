@@ -25,6 +25,7 @@ from resumable.core.naming import DEFAULT_TEMPLATE
 from resumable.core.policy import Retention, is_better, resolve_mode
 from resumable.keras import compat, keras_io, notebook, trainable
 from resumable.manager.run_manager import RunManager
+from resumable.manager.uploader import check_when_behind
 from resumable.storage import CheckpointInfo, RunStorage
 from resumable.storage.errors import NO_SPACE_ERRNOS, free_space
 from resumable.storage.lease import DEFAULT_TIMEOUT, check_timeout
@@ -109,7 +110,7 @@ class CheckpointCallback(keras.callbacks.Callback):
         keep_every: Also keep every checkpoint whose epoch is a multiple of N. Defaults to None.
         filename: Checkpoint folder name template with ``{epoch}``; may use ``{step}`` and
             metric names. Defaults to ``"ckpt-{epoch:06d}"``.
-        verbose: 1 prints a line per checkpoint, 0 is silent. Defaults to 0.
+        verbose: 1 prints a line per checkpoint, 0 is silent; ``"auto"`` is 1. Defaults to 0.
         initial_value_threshold: The value ``monitor`` must beat to count as the first best.
             Defaults to None.
         staging_dir: Local folder for serializing before the upload and for downloads on
@@ -121,6 +122,10 @@ class CheckpointCallback(keras.callbacks.Callback):
             waits; a newer checkpoint replaces the waiting one. The end of training (and an
             exception leaving `Run.fit`, and interpreter exit) waits for the last upload.
             False uploads inside the save. Defaults to True.
+        when_behind: What a save does while the previous checkpoint still waits for its
+            upload (uploads slower than training): ``"skip"`` lets the newer checkpoint take
+            its place (one line names the checkpoint skipped), ``"wait"`` makes training wait
+            for the slot, so that every checkpoint is committed. Defaults to ``"skip"``.
         takeover: Take the run folder's writer lease even while another process holds it
             (that process stops at its next save with `LeaseLostError`). Without it, training
             into a folder another live process writes fails with `LeaseHeldError` naming
@@ -145,7 +150,7 @@ class CheckpointCallback(keras.callbacks.Callback):
         keep_best: int = 1,
         keep_every: int | None = None,
         filename: str = DEFAULT_TEMPLATE,
-        verbose: int = 0,
+        verbose: int | str = 0,
         initial_value_threshold: float | None = None,
         staging_dir: str | Path | None = None,
         storage_options: dict[str, Any] | None = None,
@@ -153,6 +158,7 @@ class CheckpointCallback(keras.callbacks.Callback):
         takeover: bool = False,
         lease_timeout: float | datetime.timedelta = DEFAULT_TIMEOUT,
         max_shard_size: float | None = DEFAULT_SHARD_GIB,
+        when_behind: str = "skip",
     ) -> None:
         super().__init__()
         _check_filepath(filepath)
@@ -165,15 +171,18 @@ class CheckpointCallback(keras.callbacks.Callback):
             )
         self.retention = Retention(keep_last=keep_last, keep_best=keep_best, monitor=monitor, mode=mode,
                                    keep_every=keep_every)
-        if verbose not in (0, 1, 2, True, False):
+        if verbose not in (0, 1, 2, True, False, "auto"):
             raise ValueError(
-                f"Invalid value for argument `verbose`. Received: verbose={verbose!r}. Expected 0 or 1."
+                f"Invalid value for argument `verbose`. Received: verbose={verbose!r}. "
+                "Expected 0, 1 or 'auto'."
             )
+        verbose = 1 if verbose == "auto" else verbose
         if not isinstance(async_upload, bool):
             raise ValueError(
                 f"Invalid value for argument `async_upload`. Received: async_upload={async_upload!r}. "
                 "Expected True or False."
             )
+        check_when_behind(when_behind)
         self.filepath = str(filepath)
         self.async_upload = async_upload
         if not isinstance(takeover, bool):
@@ -201,8 +210,11 @@ class CheckpointCallback(keras.callbacks.Callback):
             self.filepath, filename=filename, storage_options=storage_options, staging_dir=staging_dir,
             retention=self.retention, lease_timeout=lease_seconds, takeover=takeover,
             async_upload=async_upload, verbose=bool(verbose), process_index=keras_io.process_index(),
+            when_behind=when_behind,
         )
+        self.when_behind = when_behind
         self.manager.on_commit = self._committed
+        self.manager.on_skipped = self._say
         self.best: float | None = None if initial_value_threshold is None else float(initial_value_threshold)
         self._initial_best = self.best
         self._monitor_warned = False
@@ -674,7 +686,10 @@ class CheckpointCallback(keras.callbacks.Callback):
         where = f"Epoch {epoch + 1}, batch {batch}" if batch else f"Epoch {epoch}"
         size = info.manifest.total_size if info.manifest else 0
         seconds = time.monotonic() - self._save_started
-        line = f"{where}: saved {info.url} ({human_size(size)}, {seconds:.1f} s)"
+        self._say(f"{where}: saved {info.url} ({human_size(size)}, {seconds:.1f} s)")
+
+    def _say(self, line: str) -> None:
+        """Print ``line`` now, or while a fit runs at the next point where no progress bar is drawn."""
         with self._lines_lock:
             if self._defer_lines:
                 self._lines.append(line)

@@ -90,6 +90,8 @@ class RunManager:
         verbose: Progress bars and a line per wait. Defaults to False.
         process_index: This process' index in a multi-process program (its own staging folder).
             Defaults to 0.
+        when_behind: What a save does while the previous one still waits for its upload:
+            ``"skip"`` replaces it (one line says so), ``"wait"`` waits for it. Defaults to "skip".
     """
 
     def __init__(
@@ -105,6 +107,7 @@ class RunManager:
         async_upload: bool = True,
         verbose: bool = False,
         process_index: int = 0,
+        when_behind: str = "skip",
     ) -> None:
         self.storage = RunStorage(url, filename=filename, storage_options=storage_options)
         self.staging_dir = Path(staging_dir) if staging_dir else default_staging_dir(self.storage.url,
@@ -119,12 +122,14 @@ class RunManager:
         # The newest committed checkpoint's files stay in staging_dir/committed until the next
         # save: a local copy to recover by hand; resume() reads the run folder's copy.
         self.uploader = Uploader(self.storage, commit=self._commit, on_commit=self._committed,
-                                 cache_dir=self.staging_dir / "committed", verbose=verbose)
+                                 cache_dir=self.staging_dir / "committed", verbose=verbose,
+                                 when_behind=when_behind, on_skipped=self._skipped)
         self.last_checkpoint: CheckpointInfo | None = None
         self.damaged: set[str] = set()  # newer checkpoints found corrupt when resuming: replaceable
         # those of them whose files check out but a caller's check refused (fetch_newest's ``check``)
         self._refused_by: dict[str, Callable[[Path, str], object]] = {}
         self.on_commit: Callable[[CheckpointInfo], None] | None = None  # after each commit (callback)
+        self.on_skipped: Callable[[str], None] | None = None  # the line saying a checkpoint was skipped
 
     def __repr__(self) -> str:
         return f"RunManager({self.storage.url!r}, lease held={self.lease.held})"
@@ -321,6 +326,13 @@ class RunManager:
         """Before each chunk of an upload: stop once a renewal found the run taken over."""
         self.lease.check()
         self.uploader.between_chunks()
+
+    def _skipped(self, line: str) -> None:
+        """A checkpoint replaced while it waited for its upload: the callback prints the line."""
+        if self.on_skipped is not None:
+            self.on_skipped(line)
+        else:
+            logger.warning("%s", line)
 
     def _committed(self, info: CheckpointInfo) -> None:
         """After each commit, in the uploader's thread when uploading in the background."""

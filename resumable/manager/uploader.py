@@ -1,9 +1,12 @@
 """`Uploader`: commit staged checkpoints in a background thread while training goes on.
 
-One worker thread and two slots: the job in flight and the job waiting. A newer job replaces
-the waiting one (whose staged folder is deleted): when uploads are slower than training, the
-run folder gets every checkpoint the network can carry, always the newest, and training never
-waits. Independent of Keras; works with any `RunStorage`.
+One worker thread and two slots: the job in flight and the job waiting. By default
+(``when_behind="skip"``) a newer job replaces the waiting one (whose staged folder is deleted):
+when uploads are slower than training, the run folder gets every checkpoint the network can
+carry, always the newest, and training never waits; one line says which checkpoint was
+skipped, and why the first time. With ``when_behind="wait"`` a submit waits for the slot
+instead: every checkpoint is committed, and training waits while uploads are behind.
+Independent of Keras; works with any `RunStorage`.
 
 A job whose commit fails (after the storage layer's own retries with backoff) is reported as a
 warning with the reason; its staged folder is kept, and it is tried again at the next `submit`
@@ -34,6 +37,7 @@ from resumable.storage import CheckpointInfo, RunStorage
 logger = logging.getLogger("resumable")
 
 CommitFn = Callable[[Path, str, Manifest], CheckpointInfo]
+WHEN_BEHIND = ("skip", "wait")
 PAUSE_LIMIT = 300.0  # seconds an upload waits for a serialization at most (a hung save must not stop it)
 
 
@@ -80,7 +84,12 @@ class Uploader:
         cache_dir: Where the newest committed staged folder is moved, as ``cache_dir/<name>``,
             replacing what was there: a local copy of the last checkpoint, until `drop_cached`.
             Defaults to None: staged folders are deleted once committed.
-        verbose: Print replaced jobs and waits. Defaults to False.
+        verbose: Print waits. Defaults to False.
+        when_behind: A job submitted while another waits: ``"skip"`` replaces the waiting one
+            (said in one line, through ``on_skipped``), ``"wait"`` blocks until the slot is
+            free, so that every job is committed. Defaults to ``"skip"``.
+        on_skipped: Called with the line that says a waiting job was replaced (in the
+            submitting thread). Defaults to None: the line is logged as a warning.
     """
 
     def __init__(
@@ -91,7 +100,13 @@ class Uploader:
         on_commit: Callable[[CheckpointInfo], None] | None = None,
         cache_dir: Path | None = None,
         verbose: bool = False,
+        when_behind: str = "skip",
+        on_skipped: Callable[[str], None] | None = None,
     ) -> None:
+        check_when_behind(when_behind)
+        self.when_behind = when_behind
+        self.on_skipped = on_skipped
+        self._said_why = False  # the first skip's line says why, and how to keep every checkpoint
         self.storage = storage
         self._commit = commit or storage.commit
         self._on_commit = on_commit
@@ -134,14 +149,22 @@ class Uploader:
 
         ``write``: called in the worker thread to write the files into ``staged`` first (a
         snapshot in memory); without it, ``staged`` holds them already. A job already waiting
-        is replaced (its staged folder deleted, its snapshot freed). A job that failed before
-        is queued again ahead of this one, unless this one has the same name.
+        is replaced (its staged folder deleted, its snapshot freed), or with
+        ``when_behind="wait"`` waited for. A job that failed before is queued again ahead of
+        this one, unless this one has the same name.
         """
         job = UploadJob(Path(staged), name, manifest, time.monotonic(), write)
         with self._cond:
             if self._closed:
                 raise RuntimeError("Uploader.submit after close()")
+            if self.when_behind == "wait" and self._waiting is not None and self._waiting.name != name:
+                logger.info("resumable: %s waits for the upload of %s (when_behind='wait')", name,
+                            self._waiting.name)
+                self._cond.wait_for(lambda: self._waiting is None or self._closed)
+                if self._closed:
+                    raise RuntimeError("Uploader.submit after close()")
             dropped = self._waiting
+            in_flight = self._in_flight
             self._waiting = job
             if self._failed is not None and self._failed.name == name:
                 if self._failed.staged != job.staged:
@@ -153,10 +176,26 @@ class Uploader:
         if dropped is not None:
             if dropped.staged != job.staged:
                 self._drop(dropped)
-            self.replaced.append(dropped.name)
-            logger.info("resumable: %s replaced by %s before its upload started", dropped.name, name)
-            if self.verbose:
-                print(f"resumable: {dropped.name} not uploaded: replaced by the newer {name}")
+            if dropped.name != name:  # the same name saved again replaces nothing kept
+                self.replaced.append(dropped.name)
+                self._say_skipped(dropped, job, in_flight)
+
+    def _say_skipped(self, dropped: UploadJob, newer: UploadJob, in_flight: UploadJob | None) -> None:
+        """One line per checkpoint skipped: which, and the first time why and what to do."""
+        if self._said_why:
+            line = (f"resumable: {_describe(dropped)} ({dropped.name}) not uploaded either: replaced by the "
+                    f"newer {newer.name}")
+        else:
+            self._said_why = True
+            busy = f"the upload of {in_flight.name} was still running" if in_flight is not None else (
+                "uploads were behind")
+            line = (f"resumable: {_describe(dropped)} ({dropped.name}) not uploaded: {busy} when "
+                    f"{_describe(newer)} was saved, so the newer {newer.name} took its place; pass "
+                    "when_behind='wait' to keep every checkpoint (training then waits for the uploads)")
+        if self.on_skipped is not None:
+            self.on_skipped(line)
+        else:
+            logger.warning("%s", line)
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
@@ -354,6 +393,23 @@ class Uploader:
         shutil.rmtree(job.staged, ignore_errors=True)
 
 
+def check_when_behind(when_behind: object) -> None:
+    if when_behind not in WHEN_BEHIND:
+        raise ValueError(
+            f"Invalid value for argument `when_behind`. Received: when_behind={when_behind!r}. "
+            "Expected 'skip' (a newer checkpoint replaces one still waiting for its upload) or 'wait' "
+            "(training waits, every checkpoint is kept)."
+        )
+
+
+def _describe(job: UploadJob) -> str:
+    """``epoch 7``, or ``epoch 8, batch 30`` for a mid-epoch checkpoint (the epoch it was saved in)."""
+    manifest = job.manifest
+    if manifest.batch:
+        return f"epoch {manifest.epoch + 1}, batch {manifest.batch}"
+    return f"epoch {manifest.epoch}"
+
+
 def _key(job: UploadJob) -> tuple[int, int]:
     return (job.manifest.epoch, job.manifest.step)
 
@@ -387,4 +443,4 @@ def _wait_at_exit() -> None:
             print(f"resumable: uploaded in {time.monotonic() - started:.1f} s", file=sys.stderr, flush=True)
 
 
-__all__ = ["UploadJob", "Uploader"]
+__all__ = ["WHEN_BEHIND", "UploadJob", "Uploader", "check_when_behind"]

@@ -30,6 +30,7 @@ class Listing:
     def __init__(self, folder: RunFolder, template: NameTemplate) -> None:
         self._folder = folder
         self.template = template
+        self._said: set[tuple[str, str]] = set()  # (name, problem) warned about: once per run folder object
 
     def full(self) -> list[CheckpointInfo]:
         """Every folder, its files checked against its manifest.
@@ -73,8 +74,7 @@ class Listing:
         ordered = sorted(committed, key=lambda n: (keys[n], n), reverse=True)
         newer = self._partial_newer_than(listing, keys[ordered[0]] if ordered else None)
         for name in newer:
-            logger.warning("resumable: ignoring %s: no manifest (an interrupted save)",
-                           printable(self._folder.url_of(name)))
+            self._warn_once(name, "ignoring", "no manifest (an interrupted save)")
         older = sorted(name for name, files in listing.items()
                        if MANIFEST_NAME not in files and name not in newer)
         if older:  # leftovers, never restored: said once, at info level, as `prune` would delete them
@@ -86,7 +86,14 @@ class Listing:
             if info.ok:
                 yield info
             else:
-                logger.warning("resumable: skipping %s: %s", printable(info.url), info.problem)
+                self._warn_once(name, "skipping", info.problem)
+
+    def _warn_once(self, name: str, verb: str, problem: str) -> None:
+        """A newer checkpoint passed over, said once: a resume and the fit after it list the run twice."""
+        level = logging.DEBUG if (name, problem) in self._said else logging.WARNING
+        self._said.add((name, problem))
+        logger.log(level, "resumable: %s %s: %s", verb, printable(self._folder.url_of(name)),
+                   printable(problem))
 
     def get(self, name: str) -> CheckpointInfo | None:
         """One checkpoint by folder name, with its status; None when the folder holds nothing."""

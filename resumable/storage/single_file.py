@@ -154,6 +154,8 @@ class FileTarget:
         """Put ``local`` at this URL, whole or not at all, then its record; the record written."""
         folder = self.folder
         size, crc32c = _checksum_local(local)
+        if folder.is_local:  # what a writer killed mid-copy or mid-record left beside the file
+            clear_leftovers(os.path.dirname(self.path), self.name)
         try:
             old = self.read_record()
         except CorruptCheckpointError:
@@ -337,11 +339,6 @@ def _replace_local(local: Path, final: str, between_chunks: Callable[[], None]) 
     """Copy to a hidden temporary file beside ``final``, fsync, rename over it, fsync the folder."""
     folder, name = os.path.split(final)
     os.makedirs(folder, exist_ok=True)
-    for stale in glob.glob(os.path.join(glob.escape(folder), f".{glob.escape(name)}.*.partial")):
-        with contextlib.suppress(OSError):  # left by a process killed mid-copy
-            pid = int(stale.rsplit(".", 2)[-2])
-            if pid == os.getpid() or not _alive(pid):
-                os.unlink(stale)
     temporary = os.path.join(folder, f".{name}.{os.getpid()}.partial")
     checksum = RunningCrc32c()
     size = 0
@@ -362,6 +359,35 @@ def _replace_local(local: Path, final: str, between_chunks: Callable[[], None]) 
     return size, checksum.hex()
 
 
+def leftover_owner(name: str) -> tuple[str, int] | None:
+    """``(file name, writer's pid)`` when ``name`` is a temporary copy a writer makes beside a file:
+    ``.<name>.<pid>.partial`` (the file) or ``.<name>.resumable.json.<pid>.tmp`` (its record); else None."""
+    for suffix, hidden in ((".partial", True), (".tmp", False)):
+        if not name.endswith(suffix):
+            continue
+        stem, _, pid = name[: -len(suffix)].rpartition(".")
+        if hidden and stem.startswith("."):
+            stem = stem[1:]
+        elif not hidden and stem.startswith(".") and stem.endswith(RECORD_SUFFIX):
+            stem = stem[1: -len(RECORD_SUFFIX)]
+        else:
+            continue
+        if stem and pid.isdigit():
+            return stem, int(pid)
+    return None
+
+
+def clear_leftovers(folder: str, name: str) -> None:
+    """Delete the temporary copies of file ``name`` and of its record that a killed writer left
+    in the local ``folder`` (or this process, after an error); a live writer's are let be."""
+    for pattern in (f".{glob.escape(name)}.*.partial", f"{glob.escape(record_name(name))}.*.tmp"):
+        for stale in glob.glob(os.path.join(glob.escape(folder), pattern)):
+            owner = leftover_owner(os.path.basename(stale))
+            if owner is not None and owner[0] == name and (owner[1] == os.getpid() or not _alive(owner[1])):
+                with contextlib.suppress(OSError):
+                    os.unlink(stale)
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -372,7 +398,8 @@ def _alive(pid: int) -> bool:
     return True
 
 
-__all__ = ["RECORD_SUFFIX", "FileRecord", "FileTarget", "record_name", "split_url"]
+__all__ = ["RECORD_SUFFIX", "FileRecord", "FileTarget", "clear_leftovers", "leftover_owner", "record_name",
+           "split_url"]
 
 
 def _shown(value: Any) -> str:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pytest
 
@@ -189,12 +189,15 @@ def test_a_run_of_mid_epoch_saves_only_keeps_the_newest_of_them() -> None:
         "ckpt-000000-step-000000009", "ckpt-000000-step-000000012"]
 
 
-def test_the_best_and_keep_every_still_keep_mid_epoch_saves() -> None:
+def test_a_mid_epoch_save_is_never_the_best() -> None:
+    """Its metrics are running averages over part of an epoch: the callback's best ignores them,
+    and so do `best` (`resumable list`'s "best") and retention's keep_best."""
     checkpoints = with_mid_epoch_saves(3, per_epoch=2)
-    best_mid = checkpoints[1]  # a mid-epoch save of epoch 1... at the best val_loss
-    checkpoints[1] = Ckpt(best_mid.name, epoch=best_mid.epoch, step=best_mid.step, batch=best_mid.batch,
-                          metrics={"val_loss": 0.1})
-    assert best_mid.name in kept(checkpoints, Retention(keep_last=1, monitor="val_loss"))
+    checkpoints = [replace(c, metrics={"val_loss": 1.0 / (c.step or 1)}) for c in checkpoints]
+    mid = checkpoints[1] = replace(checkpoints[1], metrics={"val_loss": 0.001})  # better than any epoch end
+    assert best_one(checkpoints, "val_loss") is checkpoints[-1]  # the newest epoch end: the lowest of them
+    assert mid.name not in [c.name for c in best(checkpoints, "val_loss")]
+    assert mid.name not in kept(checkpoints, Retention(keep_last=1, keep_best=2, monitor="val_loss"))
 
 
 def test_plan_is_linear_enough_for_thousands_of_checkpoints() -> None:
