@@ -37,7 +37,8 @@ import numpy as np  # noqa: E402
 import resumable  # noqa: E402
 
 EPOCHS = 2
-FIT: dict[str, Any] = {"batch_size": 8, "epochs": EPOCHS, "verbose": 0, "shuffle": False}  # 3 batches an epoch
+# 24 samples: 3 batches an epoch
+FIT: dict[str, Any] = {"batch_size": 8, "epochs": EPOCHS, "verbose": 0, "shuffle": False}
 
 
 @dataclass
@@ -58,8 +59,9 @@ MODEL_CHECKPOINT_CASES = [
     Case("m-{epoch:02d}-{val_loss:.3f}.keras", {"verbose": "auto"}, {"keep_last": 1},
          keras_kwargs={"verbose": 1}),
     Case("best.keras", {"monitor": "val_loss", "save_best_only": True, "mode": "min", "verbose": 1}),
-    Case("best-{epoch}.keras", {"monitor": "val_accuracy", "save_best_only": True, "mode": "max", "verbose": 1}),
-    Case("best.keras", {"save_best_only": True, "initial_value_threshold": 0.0, "verbose": 1}),  # never beaten
+    Case("best-{epoch}.keras",
+         {"monitor": "val_accuracy", "save_best_only": True, "mode": "max", "verbose": 1}),
+    Case("best.keras", {"save_best_only": True, "initial_value_threshold": 0.0, "verbose": 1}),  # not beaten
     Case("best.keras", {"save_best_only": True, "mode": "auto", "initial_value_threshold": 9.0, "verbose": 1},
          {"keep_last": 2}),
     Case("w-{epoch}.weights.h5", {"save_weights_only": True, "verbose": 1}, {"async_upload": False}),
@@ -68,7 +70,8 @@ MODEL_CHECKPOINT_CASES = [
                                           "monitor": "loss", "verbose": 1}, {"keep_last": 2}),
     Case("m.keras", {"mode": "unknown"}),
     Case("m.keras", {"monitor": "val_acc", "save_best_only": True, "mode": "max"}),
-    Case("weights-{epoch:02d}-{val_accuracy:.3f}.hdf5", {"monitor": "val_accuracy", "verbose": 1, "mode": "max"},
+    Case("weights-{epoch:02d}-{val_accuracy:.3f}.hdf5",
+         {"monitor": "val_accuracy", "verbose": 1, "mode": "max"},
          keras_template="weights-{epoch:02d}-{val_accuracy:.3f}.keras"),
     Case("w-{epoch}.h5", {"save_weights_only": True, "save_freq": "epoch"},
          {"staging_dir": "<tmp>/staging"}, keras_template="w-{epoch}.weights.h5"),
@@ -159,10 +162,12 @@ def keras_name(name: str, case: Case) -> str:
 
 
 def compare_model_checkpoint(case: Case, root: Path, init: list[np.ndarray]) -> list[str]:
-    ours_args = {k: (v.replace("<tmp>", str(root)) if isinstance(v, str) else v) for k, v in case.ours.items()}
+    ours_args = {k: v.replace("<tmp>", str(root)) if isinstance(v, str) else v for k, v in case.ours.items()}
+    keras_args = {**case.kwargs, **(case.keras_kwargs or {})}
     theirs = fit_with(keras.callbacks.ModelCheckpoint, root / "keras", case.keras_template or case.template,
-                      case.keras_kwargs and {**case.kwargs, **case.keras_kwargs} or case.kwargs, init)
-    ours = fit_with(resumable.ModelCheckpoint, root / "ours", case.template, {**case.kwargs, **ours_args}, init)
+                      keras_args, init)
+    ours = fit_with(resumable.ModelCheckpoint, root / "ours", case.template, {**case.kwargs, **ours_args},
+                    init)
     what = f"{case.template} {case.kwargs} {case.ours}"
     problems = []
     if theirs.error or ours.error:
@@ -235,7 +240,8 @@ def backup_run(callback_class: Any, folder: Path, kwargs: dict[str, Any], init: 
 
 def compare_backup(kwargs: dict[str, Any], root: Path, init: list[np.ndarray], reference: list[np.ndarray]
                    ) -> list[str]:
-    keras_args = {k: v for k, v in kwargs.items() if k in ("save_freq", "double_checkpoint", "delete_checkpoint")}
+    keras_args = {k: v for k, v in kwargs.items()
+                  if k in ("save_freq", "double_checkpoint", "delete_checkpoint")}
     weights, epochs, left, lines = backup_run(resumable.BackupAndRestore, root / "ours", kwargs, init)
     problems = []
     if epochs != [2]:

@@ -74,7 +74,8 @@ def test_every_value_is_checked_at_construction(tmp_path: Path) -> None:
         (resumable.ModelCheckpoint, {"async_upload": "yes"}, "`async_upload`"),
         (resumable.ModelCheckpoint, {"save_freq": 2.5}, "Unrecognized save_freq"),  # Keras' own words
         (resumable.CheckpointCallback, {"verbose": "loud"}, "`verbose`"),
-        (resumable.CheckpointCallback, {"when_behind": "later"}, "`when_behind`. Received: when_behind='later'"),
+        (resumable.CheckpointCallback, {"when_behind": "later"},
+         "`when_behind`. Received: when_behind='later'"),
         (resumable.BackupAndRestore, {"when_behind": None}, "`when_behind`"),
         (resumable.BackupAndRestore, {"verbose": 3.5}, "`verbose`"),
     ]
