@@ -243,9 +243,9 @@ def _leftover_lines(folder: FileFolder) -> list[str]:
         return []
     count = len(folder.leftovers)
     shown = ", ".join(printable(n) for n in folder.leftovers[:5]) + (", ..." if count > 5 else "")
-    what = "a temporary copy" if count == 1 else f"{count} temporary copies"
-    return [f"note: {what} of interrupted writes ({shown}): never loaded; the next save of that file "
-            "removes it"]
+    what = "a temporary copy left by an interrupted write" if count == 1 else (
+        f"{count} temporary copies left by interrupted writes")
+    return [f"note: {what} ({shown}): never loaded; the next save of that file removes it"]
 
 
 def _file_json(file: ModelFile) -> dict[str, Any]:

@@ -563,7 +563,8 @@ def model_json(model: keras.Model) -> tuple[str, str]:
 def compile_config_kept(model: keras.Model) -> Iterator[None]:
     """Keras' legacy HDF5 save pops ``"optimizer"`` out of ``model._compile_config.config`` (every
     Keras 3 up to 3.15): a later ``.keras`` save of the model then holds no optimizer (and loads
-    with RMSprop). The config is put back as it was after the save."""
+    with RMSprop). The config is put back after the save, with the model's optimizer where an
+    earlier legacy save (Keras' own) had already taken it out."""
     holder = getattr(model, "_compile_config", None)
     config = getattr(holder, "config", None)
     saved = dict(config) if isinstance(config, dict) else None
@@ -574,6 +575,8 @@ def compile_config_kept(model: keras.Model) -> Iterator[None]:
         if saved is not None and isinstance(now, dict):
             for key, value in saved.items():
                 now.setdefault(key, value)
+            if getattr(model, "optimizer", None) is not None:
+                now.setdefault("optimizer", model.optimizer)
 
 
 def _legacy_h5_format() -> ModuleType | None:

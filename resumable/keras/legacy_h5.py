@@ -59,6 +59,8 @@ def save(model: keras.Model, path: Path, *, weights_only: bool = False, **kwargs
             compat.write_legacy_weights(model, f)
         return
     config = model.get_compile_config() if getattr(model, "compiled", False) else {}
+    if config and "optimizer" not in config and getattr(model, "optimizer", None) is not None:
+        config["optimizer"] = keras.saving.serialize_keras_object(model.optimizer)  # taken by Keras' own save
     _say_keras_warning_once()
     with compat.compile_config_kept(model):
         model.save(str(path), overwrite=True, **kwargs)

@@ -1,11 +1,16 @@
-"""Train with resumable.ModelCheckpoint or resumable.BackupAndRestore; optionally die mid-save.
+"""Train with resumable.ModelCheckpoint or resumable.BackupAndRestore, or save with
+resumable.save_model; optionally die mid-save.
 
-    python tests/jobs/dropin_job.py model_checkpoint|backup_and_restore URL --epochs N [--kill-at-save K]
+    python tests/jobs/dropin_job.py model_checkpoint|backup_and_restore|save_model URL --epochs N
+        [--kill-at-save K | --kill-in-record K]
 
-``--kill-at-save K``: SIGKILL this process while the K-th file (ModelCheckpoint) or the K-th
-backup (BackupAndRestore) is being written: after its bytes were sent, before the write is
-complete (before the rename locally, before the upload's close on GCS). Prints ``EPOCHS <n>``
-with the epochs this session trained (BackupAndRestore) and ``DONE``.
+``--kill-at-save K``: SIGKILL this process while the K-th file (ModelCheckpoint, save_model) or
+the K-th backup (BackupAndRestore) is being written: after its bytes were sent, before the write
+is complete (before the rename locally, before the upload's close on GCS). ``--kill-in-record
+K``: SIGKILL it while the K-th checksum record is replaced, its temporary copy written and
+fsynced, before the rename (local folders). ``save_model`` saves the model after each of the N
+epochs to URL. Prints ``EPOCHS <n>`` with the epochs this session trained (BackupAndRestore) and
+``DONE``.
 """
 
 from __future__ import annotations
@@ -47,13 +52,34 @@ def arm_kill(module: Any, owner: Any, method: str, at: int) -> None:
     module.RunningCrc32c = Killing
 
 
+def arm_record_kill(at: int) -> None:
+    """SIGKILL this process in the ``at``-th record replacement, between its fsync and its rename."""
+    from resumable.storage import folder
+
+    calls = [0]
+    original = folder.fsync
+
+    def killing(path: str) -> None:
+        original(path)
+        if path.endswith(".tmp") and ".resumable.json." in path:
+            calls[0] += 1
+            if calls[0] == at:
+                sys.stdout.flush()
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    folder.fsync = killing  # type: ignore[assignment]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("kind", choices=["model_checkpoint", "backup_and_restore"])
+    parser.add_argument("kind", choices=["model_checkpoint", "backup_and_restore", "save_model"])
     parser.add_argument("url")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--kill-at-save", type=int, default=0)
+    parser.add_argument("--kill-in-record", type=int, default=0)
     args = parser.parse_args()
+    if args.kill_in_record:
+        arm_record_kill(args.kill_in_record)
 
     import keras
 
@@ -65,10 +91,13 @@ def main() -> None:
     y = x.sum(axis=1, keepdims=True)
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8), keras.layers.Dense(1)])
     model.compile(optimizer="adam", loss="mse")
-    if args.kind == "model_checkpoint":
+    if args.kind in ("model_checkpoint", "save_model"):
         if args.kill_at_save:
             arm_kill(single_file, single_file.FileTarget, "_put", args.kill_at_save)
         callback: keras.callbacks.Callback = resumable.ModelCheckpoint(args.url, monitor="loss")
+        if args.kind == "save_model":
+            callback = keras.callbacks.LambdaCallback(
+                on_epoch_end=lambda epoch, logs: resumable.save_model(model, args.url))
     else:
         if args.kill_at_save:
             # each backup uploads its files one by one: die in the first file of backup K

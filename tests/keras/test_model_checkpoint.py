@@ -178,3 +178,20 @@ def test_killed_mid_save_leaves_the_previous_file_whole(where: str, tmp_path: Pa
     assert record is not None and record.details["epoch"] == 3
     if where == "local":
         assert not any(p.name.endswith(".partial") for p in tmp_path.iterdir())  # a stale one is cleared
+
+
+@pytest.mark.slow
+def test_killed_while_replacing_a_record_leaves_no_tmp_after_the_next_save(tmp_path: Path) -> None:
+    """SIGKILLed between writing a record's temporary copy and renaming it: readers ignore the
+    ``.tmp`` (the file checks out against the record there), and the next save removes it."""
+    url = str(tmp_path / "best.keras")
+    run_job("model_checkpoint", url, "--epochs", "3", "--kill-in-record", "3", killed=True)
+    (leftover,) = [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+    assert leftover.startswith(".best.keras.resumable.json.")
+    record = resumable.verify_file(url)  # the file of epoch 2, vouched for by the record still there
+    assert record is not None and record.details["epoch"] == 2
+    from resumable.cli.app import main
+
+    assert main(["verify", str(tmp_path)]) == 0
+    run_job("model_checkpoint", url, "--epochs", "3")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".best.keras.resumable.json", "best.keras"]

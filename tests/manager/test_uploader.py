@@ -254,3 +254,40 @@ def test_a_verbose_callback_shows_upload_progress(tmp_path: Path, capfd: pytest.
     model.fit(x, y, epochs=1, verbose=0, callbacks=[checkpoint])
     err = capfd.readouterr().err
     assert "resumable: upload model.keras" in err and "B/s" in err
+
+
+def test_a_replaced_job_is_said_and_when_behind_wait_keeps_every_one(run_url: str, tmp_path: Path) -> None:
+    """Uploads slower than saves: "skip" says which checkpoint was dropped (why, the first time);
+    "wait" blocks the submit until the slot is free, and every checkpoint is committed."""
+    for when_behind in ("skip", "wait"):
+        storage = RunStorage(f"{run_url}/{when_behind}", retry=FAST_RETRY)
+        gate = threading.Event()
+        storage.fs = GatedFS(storage.fs, gate)
+        said: list[str] = []
+        uploader = Uploader(storage, when_behind=when_behind, on_skipped=said.append)
+        jobs = [stage(tmp_path / when_behind, epoch) for epoch in (1, 2, 3, 4)]
+        uploader.submit(*jobs[0])
+        assert storage.fs.entered.wait(10)  # ckpt 1 in flight, held
+        uploader.submit(*jobs[1])  # waits in the slot
+        submitter = threading.Thread(target=lambda u=uploader, later=jobs[2:]: [u.submit(*j) for j in later])
+        submitter.start()
+        submitter.join(1.0)
+        if when_behind == "wait":
+            assert submitter.is_alive() and said == []  # training would wait here
+        gate.set()
+        submitter.join(30)
+        assert not submitter.is_alive() and uploader.wait(timeout=60)
+        if when_behind == "wait":
+            assert committed(storage) == ["ckpt-000001", "ckpt-000002", "ckpt-000003", "ckpt-000004"]
+            assert said == [] and uploader.replaced == []
+            continue
+        assert committed(storage) == ["ckpt-000001", "ckpt-000004"] and uploader.replaced == [
+            "ckpt-000002", "ckpt-000003"]
+        assert said == [
+            "resumable: epoch 2 (ckpt-000002) not uploaded: the upload of ckpt-000001 was still "
+            "running when epoch 3 was saved, so the newer ckpt-000003 took its place; pass "
+            "when_behind='wait' to keep every checkpoint (training then waits for the uploads)",
+            "resumable: epoch 3 (ckpt-000003) not uploaded either: replaced by the newer ckpt-000004",
+        ]
+    with pytest.raises(ValueError, match="`when_behind`. Received: when_behind='never'"):
+        Uploader(RunStorage(run_url), when_behind="never")
