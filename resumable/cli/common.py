@@ -125,7 +125,7 @@ class Ranking:
         if self.monitor is None:
             return "best: no metric recorded; pass --monitor METRIC"
         if best_one is None:
-            return f"best {self.monitor}: none; no good checkpoint recorded it"
+            return f"best {self.monitor}: none; no good end-of-epoch checkpoint recorded it"
         better = "lower" if self.mode == "min" else "higher"
         value = metric_text(best_one, self.monitor)
         return (f"best {self.monitor}: {best_one.name} (epoch {best_one.epoch}, {self.monitor}={value}; "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ from test_model_checkpoint import run_job
 
 import resumable
 from resumable import RunStorage
+from resumable.cli.app import main as cli
 
 keras = pytest.importorskip("keras")
 
@@ -89,13 +91,17 @@ def test_a_damaged_backup_falls_back_and_mid_epoch_replays(tmp_path: Path) -> No
 
 
 @pytest.mark.slow
-def test_resume_continues_a_mid_epoch_backup_at_its_batch(tmp_path: Path) -> None:
+def test_resume_continues_a_mid_epoch_backup_at_its_batch(tmp_path: Path, capsys: pytest.CaptureFixture[str]
+                                                            ) -> None:
     url = str(tmp_path / "backup")
     model = make_model()
     cb = resumable.BackupAndRestore(url, save_freq=1)
     with pytest.raises(RuntimeError):
         model.fit(X, Y, batch_size=4, epochs=2, shuffle=False, callbacks=[cb, Interrupt(batch=2)], verbose=0)
     cb.wait_for_uploads()
+    assert cli(["list", url, "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert listed["checkpoints"][-1]["batch"] == 2 and listed["best"] is None  # mid-epoch: never "best"
     run = resumable.resume(url, build_model=make_model)
     assert run.callback.resume_batch == 2
     run.fit(X, Y, batch_size=4, epochs=2, shuffle=False, verbose=0)
@@ -111,3 +117,4 @@ def test_killed_mid_backup_restores_the_previous_one(where: str, tmp_path: Path,
     assert statuses.get("ckpt-000001") == "ok" and statuses.get("ckpt-000002") != "ok"
     out = run_job("backup_and_restore", url, "--epochs", "4")
     assert "EPOCHS 3 FIRST 1" in out  # continued after epoch 1
+    assert out.count("no manifest (an interrupted save)") == 1  # the partial backup said once

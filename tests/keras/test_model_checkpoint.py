@@ -151,6 +151,7 @@ def test_best_is_carried_across_sessions_with_resume(tmp_path: Path) -> None:
 
 
 def run_job(kind: str, url: str, *extra: str, killed: bool = False) -> str:
+    """The job's stdout, then its stderr (warnings, Keras' logs)."""
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
     done = subprocess.run([sys.executable, str(JOBS / "dropin_job.py"), kind, url, *extra],
                           capture_output=True, text=True, timeout=300, env=env)
@@ -158,7 +159,7 @@ def run_job(kind: str, url: str, *extra: str, killed: bool = False) -> str:
         assert done.returncode == -signal.SIGKILL, done.stdout + done.stderr[-3000:]
     else:
         assert done.returncode == 0, done.stdout + done.stderr[-3000:]
-    return done.stdout
+    return done.stdout + done.stderr
 
 
 @pytest.mark.slow
