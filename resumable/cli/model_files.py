@@ -39,6 +39,7 @@ def list_files(folder: FileFolder, *, monitor: str | None = None, mode: str | No
                as_json: bool = False) -> int:
     """`resumable list` of a folder of model files."""
     files = folder.files
+    asked = monitor
     monitor, mode, source = _ranking(files, monitor, mode)
     latest = _latest(files)
     best = _best(files, monitor, mode)
@@ -54,7 +55,7 @@ def list_files(folder: FileFolder, *, monitor: str | None = None, mode: str | No
         out(f"no model files in {folder.url}")
         out_lines(_leftover_lines(folder))
         return EXIT_OK
-    metrics = [monitor] if monitor and monitor in _metric_names(files) else _metric_names(files)
+    metrics = [asked] if asked else _metric_names(files)
     notes = {id(latest): "latest", id(best): "best"}
     if latest is best:
         notes = {id(latest): "latest, best"}
