@@ -167,12 +167,18 @@ def _classify(folder: RunFolder, listed: dict[str, ListedFile],
         url = folder.url_of(name)
         file = listed.get(name)
         record_file = records.get(name)
+        if record_file is None and file is not None and file.link:
+            files.append(ModelFile(name, url, CORRUPT, "the file is a symbolic link: never read through",
+                                   file, None, storage_options))
+            continue
         if record_file is None:
             files.append(ModelFile(name, url, UNRECORDED, "no checksum record (written by Keras, or its "
                                    "writer was killed before the record)", file, None, storage_options))
             continue
         record, problem = _record(folder, record_file, listed[record_file], data, url)
-        if record is not None:
+        if file is not None and file.link:
+            record, problem = None, "the file is a symbolic link: never read through"
+        elif record is not None:
             problem = _disagreement(record, file)
         status = OK if not problem else CORRUPT
         files.append(ModelFile(name, url, status, problem, file, record, storage_options))

@@ -100,6 +100,10 @@ def test_bad_input_on_a_model_checkpoint_folder_exits_2_in_one_line(
         assert code == 2 and out == "" and err.startswith(message) and err.count("\n") == 1, (args, err)
     assert len(list(Path(url).iterdir())) == 2 * len(FILES)  # nothing deleted
 
+    (Path(url) / "elsewhere.keras").symlink_to(tmp_path / "stage-w-01.hdf5")  # never read through
+    code, out, _ = run(capsys, "verify", url)
+    assert code == 1 and "CORRUPT    elsewhere.keras" in out and "symbolic link" in out
+
     only_keras = tmp_path / "keras-only"
     only_keras.mkdir()
     (only_keras / "model.keras").write_bytes(b"by Keras")
