@@ -12,7 +12,10 @@ Public API relied on: google-cloud-storage's ``Blob.download_as_bytes`` (which s
 
 from __future__ import annotations
 
+import email.utils
 import errno
+import json
+from datetime import datetime
 from typing import Any
 
 from resumable.storage.gcs_client import client_for
@@ -37,6 +40,24 @@ def read_with_generation(fs: Any, path: str, limit: int | None = None) -> tuple[
     except PreconditionFailed:  # replaced between the two reads: worth another try
         raise OSError(errno.EAGAIN, f"{path} changed while it was read") from None
     return data, str(blob.generation)
+
+
+def age_by_server(fs: Any, path: str) -> float | None:
+    """Seconds since object ``path`` was last written, by the server's clock alone: its ``Date``
+    answer minus the object's ``updated`` time (no clock of any client in between). None if
+    the answer lacks either; FileNotFoundError if the object is gone.
+
+    Through gcsfs' public ``call``: google-cloud-storage does not hand back response headers.
+    """
+    bucket, key, _ = fs.split_path(path)
+    headers, body = fs.call("GET", "b/{}/o/{}", bucket, key)
+    try:
+        now = email.utils.parsedate_to_datetime(headers["Date"])
+        updated = datetime.fromisoformat(str(json.loads(body)["updated"]).replace("Z", "+00:00"))
+    except (KeyError, TypeError, ValueError):
+        return None
+    age = (now - updated).total_seconds()
+    return max(0.0, age) if age > -2 else None  # Date has whole seconds; a server far off tells nothing
 
 
 def write_if_generation(fs: Any, path: str, data: bytes, generation: int, *,
