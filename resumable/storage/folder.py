@@ -73,6 +73,8 @@ class RunFolder:
         self.is_local = "file" in protocols
         self.is_gcs = "gs" in protocols
         self._credentials_checked = not self.is_gcs
+        if self.is_gcs:
+            gcsfs_compat.bound_requests(self.fs)  # a command's time budget bounds gcsfs' own retries
         if self.is_local:  # never a run on the VM's own disk where Google Drive should be
             check_drive_mounted(self.url, self.root)
         self.truncate_before_delete = (
