@@ -5,6 +5,8 @@ Clients are pointed at the proxy instead of the server (``STORAGE_EMULATOR_HOST`
 unless a rule says otherwise:
 
 - ``reset``: the connection is closed with a TCP reset, nothing answered;
+- ``lost-answer``: the request reaches the server, then the connection is reset instead of
+  answering (a write that landed, its reply lost);
 - a status (500, 503, 429, 403, 401): answered with a JSON error body of ``message``;
 - ``stall``: the request's first ``after`` body bytes are read, then nothing for ``seconds``,
   then a reset (an upload stalled mid-body; with no body, a server that never answers);
@@ -29,6 +31,7 @@ import http.client
 import json
 import socket
 import struct
+import sys
 import threading
 import time
 import urllib.parse
@@ -44,7 +47,7 @@ HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", 
 class Rule:
     """What to do with requests matching ``method`` (None: any) and ``match`` (a part of the URL)."""
 
-    action: int | str  # an HTTP status, "reset" or "stall"
+    action: int | str  # an HTTP status, "reset", "lost-answer" or "stall"
     match: str = ""
     method: str | None = None
     nth: int = 1
@@ -90,7 +93,7 @@ class FaultProxy:
         self.tokens = Tokens()
         self.seen: list[tuple[str, str, str]] = []
         self._lock = threading.Lock()
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
+        self._server = _Server(("127.0.0.1", 0), _handler(self))
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
@@ -130,6 +133,14 @@ class FaultProxy:
         return None
 
 
+class _Server(ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that hung up (after a reset or a stall it gave up on) is no error of the proxy."""
+        error = sys.exc_info()[1]
+        if not isinstance(error, OSError):
+            super().handle_error(request, client_address)
+
+
 def _handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -149,6 +160,9 @@ def _handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
                 self._reset()
             elif rule is not None and rule.action == "stall":
                 self._stall(rule)
+            elif rule is not None and rule.action == "lost-answer":
+                self._forward(method, path, self._body(), answer=False)
+                self._reset()
             elif rule is not None:
                 self._body()
                 self._answer(int(rule.action), rule.message)
@@ -170,17 +184,19 @@ def _handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
             length = int(self.headers.get("Content-Length") or 0)
             return self.rfile.read(length) if length else b""
 
-        def _forward(self, method: str, path: str, body: bytes) -> None:
+        def _forward(self, method: str, path: str, body: bytes, answer: bool = True) -> None:
             upstream = http.client.HTTPConnection(*proxy.upstream, timeout=60)
             headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP}
             headers["Host"] = f"{proxy.upstream[0]}:{proxy.upstream[1]}"
             upstream.request(method, path, body=body if body or method in ("POST", "PUT") else None,
                              headers=headers)
-            answer = upstream.getresponse()
-            data = answer.read()
+            response = upstream.getresponse()
+            data = response.read()
             upstream.close()
-            self.send_response(answer.status, answer.reason)
-            for key, value in answer.getheaders():
+            if not answer:
+                return
+            self.send_response(response.status, response.reason)
+            for key, value in response.getheaders():
                 if key.lower() not in HOP_BY_HOP:
                     self.send_header(key, value.replace(proxy.upstream_url, proxy.url)
                                      if key.lower() == "location" else value)

@@ -69,7 +69,7 @@ _TRANSIENT_CLASSES = frozenset(
 
 def is_transient(exc: BaseException) -> bool:
     """True for errors worth retrying: flaky mounts, throttling, server errors, timeouts."""
-    code = _http_code(exc)
+    code = http_code(exc)
     if code is not None and (code in TRANSIENT_HTTP or 500 <= code < 600):
         return True
     if isinstance(exc, (TimeoutError, ConnectionError)):
@@ -81,7 +81,7 @@ def is_transient(exc: BaseException) -> bool:
     )
 
 
-def _http_code(exc: BaseException) -> int | None:
+def http_code(exc: BaseException) -> int | None:
     """The HTTP status of gcsfs' HttpError or google-api-core's errors (an int, or digits)."""
     code = getattr(exc, "code", None)
     if isinstance(code, bool):
