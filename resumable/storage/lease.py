@@ -20,10 +20,13 @@ of another machine): a hostile lease "renewed in 2099" blocks for one ``timeout`
 So a contender that finds a fresh lease of another machine cannot ask whether its process still
 runs, and watches the lease (`Lease.acquire`): one line on stderr says how long it waits
 (a countdown on a terminal or in a notebook); if the holder renews meanwhile it is alive, and
-the contender is refused with the one-line LeaseHeldError at that moment (within one renewal
-interval); if it stays unchanged for its ``timeout`` (less what GCS says has passed since its
-last write, but never less than `MIN_WATCH` renewal intervals), the contender takes it over. A
-writer that died with its Colab VM thus blocks the next session for at most ``timeout`` (40 s).
+the contender is refused with the one-line LeaseHeldError at that moment (on GCS within one
+renewal interval; on a mount once renewals went on for a whole ``timeout``: Drive may show
+another machine's last renewals after that machine died, so each one there restarts the watch);
+if it stays unchanged for its ``timeout`` (less what GCS says has passed since its last write,
+but never less than `MIN_WATCH` renewal intervals), the contender takes it over. A writer that
+died with its Colab VM thus blocks the next session for about ``timeout`` (40 s), plus Drive's
+delay in showing its last renewals.
 A lease that would take longer than `MAX_WAIT` to watch (a long ``timeout``, or one written by
 a version that renewed every minute) is refused at once, its message saying how long it takes
 to go stale. A live process on this machine is refused at once.
@@ -445,12 +448,16 @@ class Lease:
 
         Renewed meanwhile: its writer is alive, LeaseHeldError. Still the same at the end: its
         writer is gone (a recycled Colab VM), the version to replace. Released or changed hands:
-        None, to look again.
+        None, to look again. Where writes may show late (a mount: Drive shows another machine's
+        writes seconds later), the renewals seen may be a dead writer's last ones still arriving:
+        each restarts the watch for the lease's timeout, and only renewals that go on for a whole
+        timeout prove the writer alive (a delay shorter than the timeout has run out by then).
         """
         line = (f"resumable: waiting up to {wait:.0f} s for the writer lease of {self.storage.url} held by "
                 f"{holder.describe()}: taken over if not renewed meanwhile")
         started = time.monotonic()
         poll = min(1.0, max(0.05, holder.interval / 4))
+        began = started
         with WaitLine(line) as shown:
             while (left := wait - (time.monotonic() - started)) > 0:
                 shown.left(left)
@@ -460,10 +467,14 @@ class Lease:
                     return None
                 if found[1] != version:
                     now = LeaseInfo.from_json(found[0])
-                    if now is not None and now.token == holder.token:  # renewed: alive
+                    if now is None or now.token != holder.token:
+                        return None
+                    # GCS shows every write at once: one renewal proves life. A mount may be late.
+                    if self.storage.is_gcs or time.monotonic() - began >= holder.timeout:
                         shown.end("renewed, so its writer is alive")
                         raise self._held(now)
-                    return None
+                    holder, version = now, found[1]  # gone once unchanged for its timeout from now
+                    started, wait = time.monotonic(), max(holder.timeout, MIN_WATCH * holder.interval)
             shown.end("not renewed, taking it over")
         logger.warning("resumable: taking over the writer lease of %s: unchanged for the %s watched (its "
                        "process is gone, e.g. with a recycled VM)", holder.describe(), _ago(wait))
