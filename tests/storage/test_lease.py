@@ -99,7 +99,7 @@ def test_second_writer_gets_one_line_naming_the_holder(run_url: str, as_host, ca
     """Another machine's live writer: the contender watches its lease, sees it renewed, is refused."""
     storage = RunStorage(run_url)
     as_host("colab-a")
-    first = Lease(storage, renew_interval=0.05)  # the default timeout; renewed often, as a live notebook's
+    first = Lease(storage, timeout=2, renew_interval=0.05)  # renewed often, as a live notebook's
     first.acquire()
     first.start_renewing()
     as_host("colab-b")
@@ -109,11 +109,11 @@ def test_second_writer_gets_one_line_naming_the_holder(run_url: str, as_host, ca
     assert "\n" not in message
     assert "host 'colab-a'" in message and f"process {os.getpid()}" in message
     assert f"since {first.info.started:%Y-%m-%d %H:%M}" in message if first.info else False
-    assert "takeover=True" in message and "stale after 40 s" in message
+    assert "takeover=True" in message and "stale after 2 s" in message
     found = read_lease(storage)
     assert found is not None and first.info is not None and found.token == first.info.token  # untouched
     err = capsys.readouterr().err
-    assert "waiting up to 40 s for the writer lease" in err and "host 'colab-a'" in err
+    assert "waiting up to 2 s for the writer lease" in err and "host 'colab-a'" in err
     assert "renewed, so its writer is alive" in err
     first.renew()  # and still the holder's
 
@@ -494,7 +494,7 @@ def test_callback_holds_the_lease_while_training_only(tmp_path: Path, as_host) -
 
     x, y = np.zeros((8, 4), "float32"), np.zeros((8, 1), "float32")
     as_host("colab-a")
-    other = Lease(RunStorage(url), renew_interval=0.1)  # a live notebook on another VM
+    other = Lease(RunStorage(url), timeout=2, renew_interval=0.1)  # a live notebook on another VM
     other.acquire()
     other.start_renewing()
     as_host("colab-b")
@@ -644,8 +644,12 @@ def test_two_processes_on_one_run_folder(run_url: str) -> None:
 def test_a_writer_killed_on_another_machine_blocks_no_new_session(run_url: str) -> None:
     """A recycled Colab VM: the writer SIGKILLed, the next session on another host continues with no
     flag; while the writer lived, a second notebook on a third host was refused with one line."""
-    # stale 30 s after its last renewal: longer than the next session takes to start (Keras import)
-    holder = Job(run_url, "--epochs", "3", "--hold", "300", "--lease-timeout", "30", "--as-host", "vm-a")
+    # On GCS the storage's clock counts the silence since the last renewal: the lease must outlast
+    # the next session's start (Keras import) for it to wait at all. A local folder's lease is
+    # watched for its whole timeout from the first look; a live writer is refused once seen
+    # renewing for that long: a shorter one keeps the test short.
+    timeout = "30" if run_url.startswith("gs://") else "12"
+    holder = Job(run_url, "--epochs", "3", "--hold", "300", "--lease-timeout", timeout, "--as-host", "vm-a")
     holder.expect("TRAINING")
     holder.expect("LOG resumable: saved")
     live = Job(run_url, "--epochs", "3", "--as-host", "vm-b")
