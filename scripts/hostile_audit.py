@@ -18,7 +18,18 @@ truncate-before-delete. It counts:
   purpose, and resumes that did not load the newest good checkpoint;
 - raw control characters: ESC or other C0/C1 characters in what the CLI printed.
 
-Exit status: 0 when all four counts are 0, 1 otherwise. docs/reliability.md shows the figures.
+A second set of cases (`CLASSES`: files NumPy or Keras refuse, wrong clocks, failing servers,
+a checkpoint damaged after its commit) runs what those touch: ``resumable.resume()`` on a real
+Keras run, two writers' leases, the CLI against fake-gcs-server behind a fault proxy. It adds:
+
+- live writers taken over, or leases blocking past their timeout;
+- storage errors of the wrong class, and seconds before a command's one line on a failing server
+  (counted when over 35 s);
+- memory beyond the bound while reading a checkpoint (counted per case, over 128 MB);
+- damaged checkpoints called good (`verify --latest` exiting 0, `list`'s "latest good").
+
+Exit status: 0 when all counts are 0, 1 otherwise. docs/reliability.md shows the figures.
+``--classes`` runs only the second set; ``--no-classes`` only the first.
 """
 
 from __future__ import annotations
@@ -331,10 +342,19 @@ class Outcome:
     committed_lost: list[str] = field(default_factory=list)
     control_chars: list[str] = field(default_factory=list)
     resumed: str | None = None
+    writers_stopped: list[str] = field(default_factory=list)  # live writers taken over; leases blocking on
+    wrong_errors: list[str] = field(default_factory=list)  # a storage error of the wrong class or too slow
+    memory: list[str] = field(default_factory=list)  # reading a checkpoint beyond the bound
+    called_good: list[str] = field(default_factory=list)  # a damaged checkpoint called good
+
+    @property
+    def problems(self) -> list[str]:
+        return (self.tracebacks + self.outside_changed + self.committed_lost + self.control_chars
+                + self.writers_stopped + self.wrong_errors + self.memory + self.called_good)
 
     @property
     def clean(self) -> bool:
-        return not (self.tracebacks or self.outside_changed or self.committed_lost or self.control_chars)
+        return not self.problems
 
 
 def tree(root: Path) -> dict[str, tuple[int, bytes]]:
@@ -404,38 +424,55 @@ def run_case(name: str, base: Path, template: Path) -> Outcome:
     return outcome
 
 
-def audit(only: list[str] | None = None) -> list[Outcome]:
-    names = only or list(CASES)
+def audit(only: list[str] | None = None, *, folders: bool = True, classes: bool = True) -> list[Outcome]:
+    names = [n for n in only or list(CASES) if n in CASES] if folders else []
+    outcomes = []
     with tempfile.TemporaryDirectory(prefix="resumable-audit-") as tmp:
-        template = Path(tmp) / "template"
-        build_run(template, Path(tmp) / "staging")
-        for lease in template.glob("lease.json"):
-            lease.unlink()
-        outcomes = []
-        for i, name in enumerate(names):
-            outcomes.append(run_case(name, Path(tmp) / f"case-{i}", template))
+        if names:
+            template = Path(tmp) / "template"
+            build_run(template, Path(tmp) / "staging")
+            for lease in template.glob("lease.json"):
+                lease.unlink()
+            for i, name in enumerate(names):
+                outcomes.append(run_case(name, Path(tmp) / f"case-{i}", template))
+        if classes:
+            import audit_classes  # beside this script
+
+            chosen = [n for n in only or list(audit_classes.CLASSES) if n in audit_classes.CLASSES]
+            outcomes += audit_classes.run_classes(chosen, Path(tmp) / "classes", Outcome)
     return outcomes
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--only", action="append", choices=sorted(CASES), help="run only this case")
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import audit_classes
+
+    parser.add_argument("--only", action="append", choices=sorted([*CASES, *audit_classes.CLASSES]),
+                        help="run only this case")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--classes", action="store_true", help="only the second set: files, clocks, servers")
+    which.add_argument("--no-classes", action="store_true", help="only the hostile run folders")
     args = parser.parse_args(argv)
-    outcomes = audit(args.only)
+    outcomes = audit(args.only, folders=not args.classes, classes=not args.no_classes)
     totals = {
         "hostile inputs tried": len(outcomes),
         "raw tracebacks": sum(len(o.tracebacks) for o in outcomes),
         "bytes changed outside the run (files)": sum(len(o.outside_changed) for o in outcomes),
         "committed checkpoints lost": sum(len(o.committed_lost) for o in outcomes),
         "raw control characters printed": sum(len(o.control_chars) for o in outcomes),
+        "live writers stopped or blocked past their lease": sum(len(o.writers_stopped) for o in outcomes),
+        "storage errors of the wrong class or over 35 s": sum(len(o.wrong_errors) for o in outcomes),
+        "checkpoint reads beyond the memory bound": sum(len(o.memory) for o in outcomes),
+        "damaged checkpoints called good": sum(len(o.called_good) for o in outcomes),
     }
     if args.json:
         print(json.dumps({"totals": totals, "cases": [o.__dict__ for o in outcomes]}, indent=1))
     else:
         for o in outcomes:
             print(f"{'ok  ' if o.clean else 'FAIL'}  {o.name:<42} resumed {o.resumed}")
-            for problem in o.tracebacks + o.outside_changed + o.committed_lost + o.control_chars:
+            for problem in o.problems:
                 print(f"      {problem}")
         print()
         for key, value in totals.items():

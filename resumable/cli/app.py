@@ -23,7 +23,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from resumable.cli import model_files
+from resumable.cli import budget, model_files
 from resumable.cli.common import (
     EXIT_INTERRUPTED,
     EXIT_OK,
@@ -78,6 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except SystemExit as e:  # --help and --version
             return e.code if isinstance(e.code, int) else EXIT_OK
         handler: Callable[[argparse.Namespace], int] = args.handler
+        budget.set_budget(getattr(args, "timeout", None))
         return handler(args)
     except ResumableError as e:
         _error(str(e))
@@ -239,6 +240,15 @@ def _add_url(parser: argparse.ArgumentParser) -> None:
 
 def _add_json(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON for scripts instead of a table")
+    _add_timeout(parser)  # every command with --json reads a run folder
+
+
+def _add_timeout(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--timeout", type=float, metavar="SECONDS",
+        help=f"give up on a failing or silent storage after this long per operation, retries included "
+        f"(default: ${budget.VARIABLE}, else {budget.DEFAULT:.0f})",
+    )
 
 
 def _add_monitor(parser: argparse.ArgumentParser, what: str) -> None:

@@ -8,6 +8,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from resumable.cli import budget
 from resumable.cli.output import metric_text
 from resumable.core.errors import CheckpointNotFoundError, ResumableError, RunNotFoundError
 from resumable.core.manifest import MANIFEST_NAME
@@ -47,7 +48,7 @@ def load_run(url: str | RunStorage, check_files: bool = True) -> tuple[RunStorag
 
     A folder of model files and no checkpoint raises `FilesFolder` (looked for only then).
     """
-    storage = url if isinstance(url, RunStorage) else RunStorage(url)
+    storage = budget.bounded(url if isinstance(url, RunStorage) else RunStorage(url))
     infos = storage.list(check_files=check_files)
     if not infos and not storage.exists():  # only an empty listing pays for the second look
         raise RunNotFoundError(f"{storage.url}: not found; check the path and that the folder exists")

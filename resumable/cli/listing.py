@@ -10,7 +10,8 @@ from typing import Any
 from resumable.cli.common import EXIT_OK, Ranking, choose_ranking, latest_good, load_run, metric_names
 from resumable.cli.output import info_json, json_float, out, out_json, out_lines, plural, problem_lines
 from resumable.core.display import format_columns, human_size, printable, utc_times
-from resumable.storage import CheckpointInfo, Status
+from resumable.core.errors import CheckpointNotFoundError
+from resumable.storage import CheckpointInfo, RunStorage, Status
 
 
 def run_list(
@@ -27,6 +28,7 @@ def run_list(
         as_json: Print JSON for scripts instead of a table.
     """
     storage, infos = load_run(url, check_files=deep)
+    infos = confirm_latest(storage, infos)
     recorded = metric_names(infos)
     ranking = choose_ranking(infos, monitor, mode, recorded)
     latest = latest_good(infos)
@@ -72,6 +74,25 @@ def run_list(
     if not all(i.checked for i in infos):
         out("statuses from the run index; --deep checks every file's size, `resumable verify` re-reads them")
     return EXIT_OK
+
+
+def confirm_latest(storage: RunStorage, infos: list[CheckpointInfo]) -> list[CheckpointInfo]:
+    """``infos`` with the checkpoint to be called the latest good checked from its own files.
+
+    A quick listing takes statuses from the run index, written at commit time: a checkpoint
+    damaged since would still read "ok" there. So the newest one the index calls good is
+    checked afresh (its folder listed, its manifest read: file sizes, and CRC32Cs where the
+    listing carries them, as GCS'), and the next older one while it fails: `list` never calls a
+    damaged checkpoint the latest good.
+    """
+    while (latest := latest_good(infos)) is not None and not latest.checked:
+        try:
+            found = [storage.get(latest.name)]
+        except CheckpointNotFoundError:  # deleted since the index was read
+            found = []
+        at = infos.index(latest)
+        infos = [*infos[:at], *found, *infos[at + 1:]]
+    return infos
 
 
 def _metric_cells(logged: Sequence[dict[str, float]], name: str) -> list[str]:

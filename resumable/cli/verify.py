@@ -19,7 +19,7 @@ def run_verify(
     as_json: bool = False,
 ) -> int:
     """Verify every checkpoint (the default), or the one picked by ``name`` or ``epoch``, or
-    with ``latest`` only the latest good one.
+    with ``latest`` only the newest committed one, damaged or not (the one `resume()` tries first).
 
     Returns:
         0 when every checked checkpoint matches its manifest, 1 when one is corrupt or none is good.
@@ -31,7 +31,7 @@ def run_verify(
     elif latest_good(infos) is None:
         return _no_good_checkpoint(storage, infos, as_json)
     elif latest:
-        targets = [latest_good(infos)]  # type: ignore[list-item]
+        targets = [newest_committed(infos)]  # type: ignore[list-item]  # one exists: a good one does
     else:
         targets = list(infos)
     results = _verify_all(storage, targets)
@@ -55,10 +55,24 @@ def run_verify(
     if failed:
         out(f"verification failed: {len(failed)} of {checked} checkpoints corrupt")
         if narrowed:
-            out(f"resume() skips a corrupt checkpoint; `resumable verify {storage.url}` checks all")
+            out(_instead(storage.url, infos, failed))
         return EXIT_VERIFY_FAILED
     out(f"verified {plural(checked, 'checkpoint')}: all files match their manifests")
     return EXIT_OK
+
+
+def newest_committed(infos: Sequence[CheckpointInfo]) -> CheckpointInfo | None:
+    """The newest checkpoint with a manifest, good or damaged: the one resume() tries first.
+    Partial folders (no manifest: a save under way or interrupted) are never tried."""
+    return next((i for i in reversed(infos) if i.status is not Status.PARTIAL), None)
+
+
+def _instead(url: str, infos: Sequence[CheckpointInfo], failed: Sequence[str]) -> str:
+    """What resume() does about the damaged checkpoints just found."""
+    older = next((i for i in reversed(infos) if i.ok and i.name not in failed), None)
+    fallback = (f"resume() skips it and uses {older.name} (epoch {older.epoch}), the newest one listed good"
+                if older else "resume() skips it; no other checkpoint is listed good")
+    return f"{fallback}; `resumable verify {url}` checks all"
 
 
 def _unchecked_leftovers(url: str, infos: Sequence[CheckpointInfo],

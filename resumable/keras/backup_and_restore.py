@@ -151,7 +151,7 @@ class BackupAndRestore(CheckpointCallback):
         self._forget_run()
         found = self.manager.fetch_newest(warn=lambda problem: warnings.warn(f"resumable: {problem}",
                                                                              stacklevel=5),
-                                          check=keras_io.read_state)  # a bad state.json: skipped as damaged
+                                          check=keras_io.check_checkpoint)  # damaged files: skipped
         if found is not None:
             info, local = found
             keras_io.load_into(model, local, info.url)

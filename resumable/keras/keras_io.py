@@ -50,7 +50,7 @@ from resumable.core.errors import (
     CorruptCheckpointError,
     ResumableError,
 )
-from resumable.keras import compat, legacy_h5, lora, trainable, zip_member
+from resumable.keras import checkpoint_reading, compat, legacy_h5, lora, trainable, zip_member
 
 # The file names come from the module that writes them; callers know them from here.
 from resumable.keras.snapshot import (
@@ -321,12 +321,30 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def read_arrays(folder: Path) -> dict[str, np.ndarray]:
+def read_arrays(folder: Path, where: str | None = None) -> dict[str, np.ndarray]:
+    """``arrays.npz`` of a fetched checkpoint folder ({} without one), read through the
+    checkpoint reading boundary (`checkpoint_reading.read_npz`): CorruptCheckpointError if
+    NumPy would refuse it or it would grow in memory."""
     path = folder / ARRAYS_FILE
     if not path.is_file():
         return {}
-    with np.load(path) as data:
-        return {key: data[key] for key in data.files}
+    return checkpoint_reading.read_npz(path, where or str(folder))
+
+
+def check_checkpoint(folder: Path, where: str) -> dict[str, Any]:
+    """Everything of a fetched checkpoint folder that can be checked before loading it, its
+    ``state.json`` returned: that file (`read_state`), then the headers and directories of
+    its arrays and weights (`checkpoint_reading.check_files`; shards are checked as they land).
+
+    The ``check`` of `RunManager.arriving_newest`: CorruptCheckpointError makes the checkpoint
+    damaged, and the one before it is used.
+    """
+    state = read_state(folder, where)
+    layout = state.get("trainable")
+    layouts = {trainable.TRAINABLE_FILE: trainable.npz_layout(layout)} if layout is not None else {}
+    checkpoint_reading.check_files(folder, where, (ARRAYS_FILE, trainable.TRAINABLE_FILE, MODEL_FILE,
+                                                   WEIGHTS_FILE), layouts)
+    return state
 
 
 def load_model(folder: Path, build_model: Callable[[], keras.Model] | None, *, strategy: Any = None,
@@ -341,7 +359,7 @@ def load_model(folder: Path, build_model: Callable[[], keras.Model] | None, *, s
     returns once file ``name`` is in ``folder`` (`Arrival.wait_for`): shards are read as
     they come; None: every file is there.
     """
-    landed = landed or _here
+    landed = _checking_shards(landed or _here, folder, where)
     state = read_state(folder, where)
     layout = state.get("trainable")
     weights_file = _weights_file(folder, layout, where)
@@ -359,7 +377,8 @@ def load_model(folder: Path, build_model: Callable[[], keras.Model] | None, *, s
                     f"{where} holds weights only (save_weights_only=True); pass build_model=<a function "
                     "returning the compiled model> to resumable.resume()"
                 )
-            model = _load_saved_model(folder, weights_file, landed, where)
+            with checkpoint_reading.refusals(where, f"{weights_file.name} (loaded without build_model)"):
+                model = _load_saved_model(folder, weights_file, landed, where)
         else:
             model = build(build_model)
             _ensure_built(model, state.get("model", {}), where)
@@ -369,7 +388,7 @@ def load_model(folder: Path, build_model: Callable[[], keras.Model] | None, *, s
     _check_optimizer(model, state.get("optimizer"), where)
     landed(ARRAYS_FILE)
     with scope(strategy, distribution):
-        arrays = read_arrays(folder)
+        arrays = read_arrays(folder, where)
         lora.restore(model, arrays, where)
         restore_seed_generators(model, arrays, where)
     return model
@@ -386,6 +405,18 @@ def is_shard(name: str) -> bool:
 
 def _here(name: str) -> None:
     """Every file of a fetched folder is in place."""
+
+
+def _checking_shards(landed: Landed, folder: Path, where: str) -> Landed:
+    """``landed``, and each shard that lands checked (`checkpoint_reading.check_h5`) before Keras
+    opens it: `check_checkpoint` ran before the shards came."""
+    def landed_and_checked(name: str) -> None:
+        landed(name)
+        path = folder / name
+        if is_shard(name) and path.is_file():
+            checkpoint_reading.check_h5(path, path.stat().st_size, where, name)
+
+    return landed_and_checked
 
 
 def _load_saved_model(folder: Path, weights_file: Path, landed: Landed, where: str) -> keras.Model:
@@ -458,10 +489,11 @@ def _load_weights(model: keras.Model, weights_file: Path, layout: dict[str, Any]
     if optimizer is not None and not optimizer.built:
         # Keras 3 skips optimizer variables in load_weights unless the optimizer exists.
         optimizer.build(model.trainable_variables)
-    try:
-        _load_keras_weights(model, weights_file, landed, where)
-    except ValueError as e:
-        raise CheckpointMismatchError(f"{where} does not fit {target}: {e}") from e
+    with checkpoint_reading.refusals(where, weights_file.name):  # h5py or zip refusing the file
+        try:
+            _load_keras_weights(model, weights_file, landed, where)
+        except ValueError as e:  # Keras: the file's variables are not the model's
+            raise CheckpointMismatchError(f"{where} does not fit {target}: {e}") from e
 
 
 def _load_keras_weights(model: keras.Model, weights_file: Path, landed: Landed, where: str) -> None:
@@ -949,7 +981,7 @@ def load_into(model: keras.Model, folder: Path, where: str) -> None:
     _check_optimizer_class(model, state.get("optimizer"), where)
     _load_weights(model, weights_file, layout, where, "the model")
     _check_optimizer(model, state.get("optimizer"), where)
-    arrays = read_arrays(folder)
+    arrays = read_arrays(folder, where)
     lora.restore(model, arrays, where)
     restore_seed_generators(model, arrays, where)
 

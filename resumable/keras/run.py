@@ -371,13 +371,13 @@ def _load_newest(manager: RunManager, build_model: Callable[[], keras.Model] | N
         warnings.warn(f"resumable: {problem}", stacklevel=5)
 
     if keras_io.process_count() > 1:  # every process must resume from the one process 0 chose
-        found = _follow_chief(manager, manager.fetch_newest(warn=warn, check=keras_io.read_state))
+        found = _follow_chief(manager, manager.fetch_newest(warn=warn, check=keras_io.check_checkpoint))
         if found is None:
             return None
         info, local = found
         return info, local, keras_io.load_model(local, build_model, strategy=strategy,
                                                 distribution=distribution, where=info.url)
-    while (arriving := manager.arriving_newest(warn=warn, check=keras_io.read_state,
+    while (arriving := manager.arriving_newest(warn=warn, check=keras_io.check_checkpoint,
                                                streamed=keras_io.is_shard)) is not None:
         info, arrival = arriving  # a bad state.json was skipped as damaged
         with arrival:

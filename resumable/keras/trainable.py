@@ -32,7 +32,7 @@ import numpy as np
 from resumable.core.checksum import CHUNK_SIZE
 from resumable.core.display import human_size
 from resumable.core.errors import CheckpointMismatchError
-from resumable.keras import compat, npy
+from resumable.keras import checkpoint_reading, compat, npy
 
 TRAINABLE_FILE = "trainable.npz"
 
@@ -160,10 +160,16 @@ def load(model: keras.Model, folder: Path, layout: dict[str, Any], where: str) -
         variables = list(optimizer.variables)
     _check(variables, layout["optimizer"], "optimizer variables", where,
            "compile with the optimizer and settings the run was started with")
-    with np.load(folder / TRAINABLE_FILE) as data:
-        for kind, targets in (("weights", weights), ("optimizer", variables)):
-            for i, variable in enumerate(targets):
-                variable.assign(npy.for_variable(data[f"{kind}/{i}"], variable))
+    data = checkpoint_reading.read_npz(folder / TRAINABLE_FILE, where, npz_layout(layout))
+    for kind, targets in (("weights", weights), ("optimizer", variables)):
+        for i, variable in enumerate(targets):
+            variable.assign(npy.for_variable(data[f"{kind}/{i}"], variable))
+
+
+def npz_layout(layout: dict[str, Any]) -> dict[str, tuple[list[int], str]]:
+    """What ``trainable.npz`` must hold by its layout in ``state.json``: key -> (shape, dtype)."""
+    return {f"{kind}/{i}": (shape, dtype) for kind in ("weights", "optimizer")
+            for i, (_, shape, dtype) in enumerate(layout[kind])}
 
 
 def _layout(variables: list[Any]) -> list[list[Any]]:

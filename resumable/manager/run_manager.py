@@ -42,7 +42,7 @@ from resumable.core.policy import Decision, Retention, plan
 from resumable.manager.arrival import Arrival
 from resumable.manager.uploader import Uploader
 from resumable.storage import CheckpointInfo, RunStorage
-from resumable.storage.lease import DEFAULT_TIMEOUT, Lease, LeaseInfo, read_lease
+from resumable.storage.lease import DEFAULT_TIMEOUT, LEASE_NAME, Lease, LeaseInfo, read_lease
 
 logger = logging.getLogger("resumable")
 
@@ -161,7 +161,13 @@ class RunManager:
             holder = read_lease(self.storage)
         except ResumableError:
             return None  # reading the checkpoints will say what is wrong with the folder
-        return holder if holder is not None and holder.blocks() else None
+        if holder is None or holder.mine():
+            return None
+        try:  # GCS' own clock says how long the lease has been silent; the holder's may be off
+            server_age = self.storage.run_file_server_age(LEASE_NAME)
+        except ResumableError:
+            server_age = None
+        return holder if holder.blocks(server_age) else None
 
     @contextlib.contextmanager
     def writing(self, *, force: bool = False) -> Iterator[LeaseInfo | None]:

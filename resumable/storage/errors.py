@@ -16,7 +16,7 @@ import re
 import shutil
 from typing import Any
 
-from resumable.core.display import human_size
+from resumable.core.display import human_size, printable
 from resumable.core.errors import (
     NoSpaceError,
     NotAFolderError,
@@ -42,6 +42,10 @@ _GOOGLE_TOKEN = re.compile(r"\b(ya29\.|1//)[\w.~+/=-]+")
 # Loggers of libraries whose error records carry tracebacks (gcsfs logs one per failed retry
 # loop) that the ResumableError raised right after says in one line.
 QUIETED_LOGGERS = ("gcsfs",)
+# Libraries under resumable's storage whose log records may quote a server's answer: where no
+# logging is configured (a notebook, the CLI), Python prints their warnings through its
+# last-resort handler; those lines are made one line, redacted and escaped there too.
+STORAGE_LIBRARIES = ("gcsfs", "fsspec", "google", "urllib3", "requests", "aiohttp")
 
 
 def translate(e: Exception, where: str, url: str, root: str, *, is_gcs: bool, is_local: bool) -> Exception:
@@ -60,7 +64,7 @@ def translate(e: Exception, where: str, url: str, root: str, *, is_gcs: bool, is
     if code == 401:
         hint = COLAB_AUTH_HINT if in_colab() else GCLOUD_AUTH_HINT
         return NotAuthenticatedError(f"{where}: not authenticated to Google Cloud; {hint}")
-    if isinstance(e, PermissionError) or code == 403:
+    if isinstance(e, PermissionError) or code == 403 or _gcsfs_forbidden(e):
         return StoragePermissionError(
             f"{where}: permission denied; check that this account may read and write it"
         )
@@ -86,7 +90,15 @@ def translate(e: Exception, where: str, url: str, root: str, *, is_gcs: bool, is
         return NoSpaceError(
             f"{where}: no space left on the device{free}; free space or choose another folder"
         )
+    if type(e).__name__ == "OutOfTime":  # retry.OutOfTime: a command's time budget ran out
+        return StorageError(f"{where}: {' '.join(redact(str(e)).split())}; the storage may be down or "
+                            "unreachable (the time budget is set with --timeout or RESUMABLE_CLI_TIMEOUT)")
     return StorageError(f"{where}: {detail}")
+
+
+def _gcsfs_forbidden(e: Exception) -> bool:
+    """gcsfs answers a 403 with a bare ``OSError("Forbidden: <path>...")``, no status attached."""
+    return type(e) is OSError and e.errno is None and str(e).startswith("Forbidden")
 
 
 def redact(text: str, *secrets: str) -> str:
@@ -99,23 +111,39 @@ def redact(text: str, *secrets: str) -> str:
 
 
 class OneLineRedacted(logging.Filter):
-    """Log records as one redacted line: no traceback, no token, no upload session URL."""
+    """Log records as one redacted line: no traceback, no token, no upload session URL, no
+    control character (a server's text may hold ``\x1b[2J``: it is printed as ``\x1b[2J``).
+
+    Args:
+        prefixes: Apply to records of loggers named so (or below them) only; None: to all.
+    """
+
+    def __init__(self, prefixes: tuple[str, ...] | None = None) -> None:
+        super().__init__()
+        self.prefixes = prefixes
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if self.prefixes is not None and not any(
+                record.name == p or record.name.startswith(p + ".") for p in self.prefixes):
+            return True
         if record.exc_info and record.exc_info[1] is not None:
             error = record.exc_info[1]
             record.msg, record.args = f"{record.getMessage()} ({type(error).__name__})", None
         record.exc_info, record.exc_text, record.stack_info = None, None, None
-        record.msg, record.args = " ".join(redact(record.getMessage()).split()), None
+        record.msg, record.args = printable(" ".join(redact(record.getMessage()).split())), None
         return True
 
 
 def quiet_library_logs() -> None:
-    """Give the resumable and gcsfs loggers the `OneLineRedacted` filter (once)."""
+    """Give the resumable and gcsfs loggers the `OneLineRedacted` filter, and Python's last-resort
+    handler one for the storage libraries' records (once each)."""
     for name in ("resumable", *QUIETED_LOGGERS):
         logger = logging.getLogger(name)
         if not any(isinstance(f, OneLineRedacted) for f in logger.filters):
             logger.addFilter(OneLineRedacted())
+    last = logging.lastResort
+    if last is not None and not any(isinstance(f, OneLineRedacted) for f in last.filters):
+        last.addFilter(OneLineRedacted(STORAGE_LIBRARIES))
 
 
 def free_space(path: str) -> str:

@@ -8,6 +8,7 @@ turns whatever fsspec, gcsfs or the OS raised into one ResumableError line.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -23,7 +24,7 @@ from resumable.storage.errors import BoundedRequest, quiet_library_logs, transla
 from resumable.storage.local_files import LINK_PROBLEM, LinkInRunError, clear_for_write, fsync, link_below
 from resumable.storage.mounts import check_drive_mounted
 from resumable.storage.records import ListedFile
-from resumable.storage.retry import RetryPolicy
+from resumable.storage.retry import RetryPolicy, http_code
 
 # gcsfs 2026.x probes every bucket over gRPC first, which stalls about a minute against
 # emulators; we use none of what that probe enables. Must be set before gcsfs is imported.
@@ -32,6 +33,7 @@ os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 import fsspec  # noqa: E402  (after the environment default above)
 
 T = TypeVar("T")
+logger = logging.getLogger("resumable")
 
 quiet_library_logs()  # gcsfs' failed-retry tracebacks and any token become one redacted line
 
@@ -73,6 +75,8 @@ class RunFolder:
         self.is_local = "file" in protocols
         self.is_gcs = "gs" in protocols
         self._credentials_checked = not self.is_gcs
+        if self.is_gcs:
+            gcsfs_compat.bound_requests(self.fs)  # a command's time budget bounds gcsfs' own retries
         if self.is_local:  # never a run on the VM's own disk where Google Drive should be
             check_drive_mounted(self.url, self.root)
         self.truncate_before_delete = (
@@ -92,8 +96,19 @@ class RunFolder:
         return "/".join((self.url, *parts))
 
     def call(self, fn: Callable[[], T], what: str) -> T:
-        """``fn()`` with retries of transient errors, after the one-time credentials check."""
+        """``fn()`` with retries of transient errors, after the one-time credentials check.
+
+        A 401 (a token the server no longer takes, though it has not expired by this machine's
+        clock) refreshes the credentials and tries once more: gcsfs would retry with the same token.
+        """
         self.check_credentials()
+        try:
+            return self.retry.call(fn, what)
+        except Exception as e:
+            if not (self.is_gcs and http_code(e) == 401 and gcsfs_compat.google_credentials(self.fs)):
+                raise
+        logger.info("resumable: the storage refused the access token (401); refreshing it and trying again")
+        self.check_credentials(refresh=True)
         return self.retry.call(fn, what)
 
     @contextlib.contextmanager
@@ -109,19 +124,20 @@ class RunFolder:
                 raise error from None  # its line says it all (not found, no space...): no library chain
             raise error from e
 
-    def check_credentials(self) -> None:
+    def check_credentials(self, *, refresh: bool = False) -> None:
         """Refresh Google credentials once, before the first request, and fail fast.
 
         gcsfs retries a failed token refresh six times with backoff up to 32 s, and logs a
         traceback each time: the minute-long hang users see in Colab when not authenticated.
         One refresh here, outside those retries, turns it into one NotAuthenticatedError line.
+        ``refresh``: refresh even a token that looks fresh (the server refused it).
         """
-        if self._credentials_checked:
+        if self._credentials_checked and not refresh:
             return
         found = gcsfs_compat.google_credentials(self.fs)
         if found is not None:
             credentials, lock = found
-            if not getattr(credentials, "valid", False):  # else a token still fresh
+            if refresh or not getattr(credentials, "valid", False):  # else a token still fresh
                 with lock:
                     credentials.refresh(BoundedRequest())
         self._credentials_checked = True

@@ -12,10 +12,16 @@ Public API relied on: google-cloud-storage's ``Blob.download_as_bytes`` (which s
 
 from __future__ import annotations
 
+import email.utils
 import errno
+import json
+from datetime import datetime
 from typing import Any
 
 from resumable.storage.gcs_client import client_for
+from resumable.storage.retry import time_left
+
+REQUEST_TIMEOUT = 60.0  # seconds: google-cloud-storage's own default, cut to a command's budget
 
 
 def read_with_generation(fs: Any, path: str, limit: int | None = None) -> tuple[bytes, str]:
@@ -28,15 +34,34 @@ def read_with_generation(fs: Any, path: str, limit: int | None = None) -> tuple[
 
     blob = client_for(fs).blob(fs, path)
     try:
-        data = blob.download_as_bytes(**window, retry=None)
+        data = blob.download_as_bytes(**window, retry=None, timeout=time_left(REQUEST_TIMEOUT))
         if blob.generation is None:  # a server that omits X-Goog-Generation: read again, pinned
-            blob.reload(retry=None)
-            data = blob.download_as_bytes(**window, if_generation_match=blob.generation, retry=None)
+            blob.reload(retry=None, timeout=time_left(REQUEST_TIMEOUT))
+            data = blob.download_as_bytes(**window, if_generation_match=blob.generation, retry=None,
+                                          timeout=time_left(REQUEST_TIMEOUT))
     except NotFound:
         raise FileNotFoundError(errno.ENOENT, "no such object", path) from None
     except PreconditionFailed:  # replaced between the two reads: worth another try
         raise OSError(errno.EAGAIN, f"{path} changed while it was read") from None
     return data, str(blob.generation)
+
+
+def age_by_server(fs: Any, path: str) -> float | None:
+    """Seconds since object ``path`` was last written, by the server's clock alone: its ``Date``
+    answer minus the object's ``updated`` time (no clock of any client in between). None if
+    the answer lacks either; FileNotFoundError if the object is gone.
+
+    Through gcsfs' public ``call``: google-cloud-storage does not hand back response headers.
+    """
+    bucket, key, _ = fs.split_path(path)
+    headers, body = fs.call("GET", "b/{}/o/{}", bucket, key)  # within a budget: `gcsfs_compat.bound_requests`
+    try:
+        now = email.utils.parsedate_to_datetime(headers["Date"])
+        updated = datetime.fromisoformat(str(json.loads(body)["updated"]).replace("Z", "+00:00"))
+    except (KeyError, TypeError, ValueError):
+        return None
+    age = (now - updated).total_seconds()
+    return max(0.0, age) if age > -2 else None  # Date has whole seconds; a server far off tells nothing
 
 
 def write_if_generation(fs: Any, path: str, data: bytes, generation: int, *,
@@ -51,7 +76,7 @@ def write_if_generation(fs: Any, path: str, data: bytes, generation: int, *,
     blob = client_for(fs).blob(fs, path)
     try:
         blob.upload_from_string(data, content_type=content_type, if_generation_match=int(generation),
-                                retry=None)
+                                retry=None, timeout=time_left(REQUEST_TIMEOUT))
     except PreconditionFailed:
         raise FileExistsError(errno.EEXIST, f"not generation {generation}", path) from None
     finally:
@@ -70,10 +95,10 @@ def delete_if_generation(fs: Any, path: str, generation: str | int) -> bool:
     gcs = client_for(fs)
     bucket, key, _ = fs.split_path(path)
     try:
-        blob = gcs.bucket(bucket).get_blob(key, retry=None)
+        blob = gcs.bucket(bucket).get_blob(key, retry=None, timeout=time_left(REQUEST_TIMEOUT))
         if blob is None or str(blob.generation) != str(generation):
             return False
-        blob.delete(if_generation_match=int(generation), retry=None)
+        blob.delete(if_generation_match=int(generation), retry=None, timeout=time_left(REQUEST_TIMEOUT))
     except (NotFound, PreconditionFailed):
         return False
     finally:

@@ -32,6 +32,7 @@ from typing import Any, BinaryIO
 from resumable.core.checksum import RunningCrc32c
 from resumable.storage.errors import redact
 from resumable.storage.gcs_client import client_for
+from resumable.storage.retry import time_left
 
 PIECE_SIZE = 1024 * 1024  # bytes per socket write: small enough to copy cheaply, big enough to be few
 SESSION_TIMEOUT = 60.0  # seconds to start a session
@@ -59,7 +60,7 @@ def upload(fs: Any, local: Path, remote: str, *, before_piece: Callable[[], None
         with open(local, "rb") as source:
             body = _Body(source, size, local, before_piece, on_sent)
             session = gcs.bucket(bucket).blob(key).create_resumable_upload_session(
-                content_type="application/octet-stream", size=size, timeout=SESSION_TIMEOUT,
+                content_type="application/octet-stream", size=size, timeout=time_left(SESSION_TIMEOUT),
                 checksum=None, retry=None,  # the caller checks the CRC32C and decides on retries
             )
             _send(gcs.session, session, body)
@@ -81,7 +82,7 @@ def _send(http: Any, session: str, body: _Body) -> None:
     try:
         # A 308 answers an unfinished upload, without a Location: not a redirect to follow.
         response = http.put(session, data=body if size else b"", headers=headers,  # len 0: chunked otherwise
-                            timeout=BODY_TIMEOUT, allow_redirects=False)
+                            timeout=tuple(time_left(t) for t in BODY_TIMEOUT), allow_redirects=False)
     except _PieceFailed:
         assert body.error is not None
         raise body.error from None  # what before_piece or the file raised, as it was

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import fsspec.asyn
 
 from resumable.core.errors import StorageError
+from resumable.storage import retry
 
 T = TypeVar("T")
 
@@ -86,6 +87,47 @@ async def get_file_in_slices(fs: Any, path: str, local: str, size: int, *, piece
             raise
     finally:
         os.close(fd)
+
+
+# gcsfs' request methods wrapped in its retry decorator (`decorator` keeps the bare one in
+# ``__wrapped__``): the ones resumable's reads, listings and downloads go through.
+_RETRIED_REQUESTS = ("_request", "_get_file_request")
+
+
+def bound_requests(fs: Any) -> None:
+    """Let a time budget (`retry.deadline_in`, a command's) bound gcsfs' requests on ``fs``.
+
+    gcsfs retries each failing request 6 times, 1 to 16 s apart, inside any caller's retries, and
+    waits 5 minutes for an answer: a command against a failing server took three minutes to say
+    so. Within a deadline each request is tried once, for the time left (`retry.OutOfTime` when
+    none comes); the caller's `RetryPolicy` retries within the same budget. Without a deadline
+    (training) gcsfs retries as it always does. Installed once per filesystem object; a gcsfs
+    whose methods are not wrapped this way is left as it is.
+    """
+    for name in _RETRIED_REQUESTS:
+        bare = getattr(_member(type(fs), name), "__wrapped__", None)
+        if bare is None or not asyncio.iscoroutinefunction(bare) or name in vars(fs):
+            continue
+        setattr(fs, name, _bounded(fs, bare, getattr(fs, name)))
+
+
+def _bounded(fs: Any, bare: Callable[..., Awaitable[Any]], retried: Callable[..., Awaitable[Any]]
+             ) -> Callable[..., Awaitable[Any]]:
+    async def request(*args: Any, **kwargs: Any) -> Any:
+        left = retry.time_left()
+        if left is None:
+            return await retried(*args, **kwargs)
+        try:
+            return await asyncio.wait_for(bare(fs, *args, **kwargs), left)
+        except asyncio.TimeoutError:
+            raise retry.OutOfTime(f"no answer from the storage within the {_seconds(left)} left of the "
+                                  "time budget") from None
+
+    return request
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.1f} s" if value < 10 else f"{value:.0f} s"
 
 
 def run(fs: Any, coroutine: Callable[[], Awaitable[T]]) -> T:

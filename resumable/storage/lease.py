@@ -9,18 +9,32 @@ renewed for its ``timeout`` (40 s by default: three missed renewals) is stale an
 over, as is one whose process is gone (same host, dead process id), or any lease with
 ``takeover=True``.
 
-A contender that finds a fresh lease of another machine cannot ask whether its process still
-runs, so it watches the lease (`Lease.acquire`): one line on stderr says how long it waits
+Staleness is never judged by comparing another machine's clock with ours: a contender whose
+clock runs a minute ahead must not take a live writer's lease. A lease is stale when (a) this
+process watched it unchanged for its ``timeout``, by its own monotonic clock; (b) the storage's
+own clock says it was last written longer ago than that (GCS: the answer's ``Date`` minus the
+object's ``updated`` time); or (c) it was renewed by this very machine, whose clock is ours,
+longer ago than that. A renewal time in the future tells nothing (the lease is watched, as one
+of another machine): a hostile lease "renewed in 2099" blocks for one ``timeout``, not until 2099.
+
+So a contender that finds a fresh lease of another machine cannot ask whether its process still
+runs, and watches the lease (`Lease.acquire`): one line on stderr says how long it waits
 (a countdown on a terminal or in a notebook); if the holder renews meanwhile it is alive, and
-the contender is refused with the one-line LeaseHeldError at that moment (within one renewal
-interval); if it stays silent until stale, the contender takes it over. A writer that died with
-its Colab VM thus blocks the next session for at most ``timeout`` after its last renewal. A
-lease that would take longer than `MAX_WAIT` to go stale (a long ``timeout``, or one written by
-a version that renewed every minute) is refused at once, its message saying when it goes stale.
-A live process on this machine is refused at once. Every change is a compare-and-swap (a GCS generation
-precondition; locally a read-compare-replace under ``flock``), so two contenders never
-both win and a release never deletes another holder's lease. A holder that finds its lease
-taken over stops writing (`LeaseLostError`). Where a mount has no hard links, lease.json
+the contender is refused with the one-line LeaseHeldError at that moment (on GCS within one
+renewal interval; on a mount once renewals went on for a whole ``timeout``: Drive may show
+another machine's last renewals after that machine died, so each one there restarts the watch);
+if it stays unchanged for its ``timeout`` (less what GCS says has passed since its last write,
+but never less than `MIN_WATCH` renewal intervals), the contender takes it over. A writer that
+died with its Colab VM thus blocks the next session for about ``timeout`` (40 s), plus Drive's
+delay in showing its last renewals.
+A lease that would take longer than `MAX_WAIT` to watch (a long ``timeout``, or one written by
+a version that renewed every minute) is refused at once, its message saying how long it takes
+to go stale. A live process on this machine is refused at once.
+
+Every change is a compare-and-swap (a GCS generation precondition; locally a
+read-compare-replace under ``flock``), so two contenders never both win and a release never
+deletes another holder's lease. A holder that finds its lease taken over stops writing
+(`LeaseLostError`, naming the process that took it). Where a mount has no hard links, lease.json
 exists for a moment before its bytes do: an unreadable lease younger than `TORN_GRACE` is
 being written, and is waited for, never taken over (`Lease._torn_settled`). Readers (list,
 inspect, verify, resume's loading) need no lease.
@@ -67,7 +81,8 @@ RENEWALS_PER_TIMEOUT = 4  # the holder renews every timeout / 4 seconds by defau
 MAX_RENEW_INTERVAL = 60.0  # ... and at least this often
 OLD_RENEWALS_PER_TIMEOUT = 10  # leases that do not record their interval renewed every timeout / 10 s (<= 60)
 MAX_WAIT = 120.0  # a contender waits for another machine's silent lease to go stale at most this long
-MIN_WATCH = 1.5  # and watches it for at least this many of its renewal intervals (clock skew)
+MIN_WATCH = 1.5  # and watches it for at least this many of its renewal intervals (a live one renews)
+CLOCK_TOLERANCE = 5.0  # seconds a renewal by this machine may lie "ahead" (its clock stepped back meanwhile)
 ACQUIRE_TRIES = 5  # contenders racing on the file: each lost race re-reads it
 TORN_GRACE = 10.0  # an unreadable lease.json this young (by its mtime) may still be being written
 TORN_POLL = 0.2  # seconds between reads while one is watched
@@ -122,17 +137,28 @@ class LeaseInfo:
         return self.renewed + dt.timedelta(seconds=self.timeout)
 
     def age(self, now: dt.datetime | None = None) -> float:
-        """Seconds since the last renewal (0 when the holder's clock is ahead of ours)."""
+        """Seconds since the last renewal by the holder's clock read on ours (0 when ahead of
+        ours): shown in messages; trusted only where `clock_is_ours`."""
         return max(0.0, ((now or _now()) - self.renewed).total_seconds())
+
+    def clock_is_ours(self, now: dt.datetime | None = None) -> bool:
+        """Renewed on this machine, at a time that is not in our future: its age can be trusted."""
+        ahead = (self.renewed - (now or _now())).total_seconds()
+        return self.on_this_machine() and ahead <= CLOCK_TOLERANCE
 
     @property
     def interval(self) -> float:
         """Seconds between the holder's renewals: as recorded, else as older versions renewed."""
         return self.renew_interval or min(MAX_RENEW_INTERVAL, self.timeout / OLD_RENEWALS_PER_TIMEOUT)
 
-    def stale(self, now: dt.datetime | None = None) -> bool:
-        """Not renewed for its timeout: its holder is gone, frozen or cut off from the storage."""
-        return self.age(now) > self.timeout
+    def stale(self, now: dt.datetime | None = None, server_age: float | None = None) -> bool:
+        """Not renewed for its timeout (its holder is gone, frozen or cut off from the storage), by a
+        clock that can be trusted: the storage's (``server_age``: seconds since the lease was
+        last written, `RunStorage.run_file_server_age`) or ours, for a lease of this machine.
+        Another machine's renewal time alone never makes a lease stale: it is watched instead."""
+        if server_age is not None and server_age > self.timeout:
+            return True
+        return self.clock_is_ours(now) and self.age(now) > self.timeout
 
     def on_this_machine(self) -> bool:
         """Held from this host name since its last boot: whether its process runs can be asked."""
@@ -161,16 +187,19 @@ class LeaseInfo:
             self.process_start is None or self.process_start == _own_process_start()
         )
 
-    def blocks(self) -> bool:
+    def blocks(self, server_age: float | None = None) -> bool:
         """Would stop a writer without ``takeover=True``: fresh, held by another process that still runs.
 
+        Advice only (a warning at `resume`, `prune`'s refusal): a writer decides by `Lease.acquire`.
         Another machine's process is taken as running while it renews on time (within
-        `MIN_WATCH` renewal intervals); a lease silent for longer is most likely its dead
-        writer's, which a writer waits for and takes over.
+        `MIN_WATCH` renewal intervals, by the storage's clock where it tells, else by the
+        lease's own renewal time); a lease silent for longer is most likely its dead writer's,
+        which a writer waits for and takes over.
         """
-        if self.mine() or self.process_gone() or self.stale():
+        if self.mine() or self.process_gone() or self.stale(server_age=server_age):
             return False
-        return self.on_this_machine() or self.age() <= MIN_WATCH * self.interval
+        silent = server_age if server_age is not None else self.age()
+        return self.on_this_machine() or silent <= MIN_WATCH * self.interval
 
     def describe(self, now: dt.datetime | None = None) -> str:
         """``host 'a', process 12, since 2026-11-22 06:10:03 UTC, renewed 35 s ago``."""
@@ -207,6 +236,7 @@ class Lease:
         self.info: LeaseInfo | None = None  # ours, while held
         self.lost: str | None = None  # why we no longer hold it, once taken over
         self._version: Any = None  # what the storage last held from us
+        self._taken_by: LeaseInfo | None = None  # another holder's lease seen in our place
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -231,7 +261,7 @@ class Lease:
             if self.held:
                 self.renew()
                 return
-            self.lost = None
+            self.lost, self._taken_by = None, None
             now = _now()
             info = LeaseInfo(token=uuid.uuid4().hex, host=_HOST, pid=os.getpid(), started=now, renewed=now,
                              timeout=self.timeout, process_start=_own_process_start(), boot_id=_BOOT_ID,
@@ -370,16 +400,23 @@ class Lease:
         elif holder.process_gone():
             logger.warning("resumable: taking over the writer lease of %s: that process no longer runs",
                            holder.describe())
-        elif holder.stale():
-            logger.warning("resumable: taking over the stale writer lease of %s (stale after %s)",
-                           holder.describe(), _ago(holder.timeout))
         elif takeover:
             logger.warning("resumable: takeover=True: taking over the writer lease of %s; that process "
                            "stops writing at its next save", holder.describe())
-        elif holder.on_this_machine():  # its process runs: no need to watch
-            raise self._held(holder)
         else:
-            wait = max(holder.timeout - holder.age(), MIN_WATCH * holder.interval)
+            server_age = self.storage.run_file_server_age(LEASE_NAME)
+            if holder.stale(server_age=server_age):
+                clock = "the storage's clock" if server_age is not None else "this machine's clock"
+                logger.warning("resumable: taking over the stale writer lease of %s (not renewed for %s by "
+                               "%s; stale after %s)", holder.describe(),
+                               _ago(server_age if server_age is not None else holder.age()), clock,
+                               _ago(holder.timeout))
+                return version
+            if holder.on_this_machine() and holder.clock_is_ours():  # its process runs: no need to watch
+                raise self._held(holder)
+            # Unchanged for its timeout, as this process watches it (what the storage's clock says
+            # has passed already counted), and long enough to see a live writer renew.
+            wait = max(holder.timeout - (server_age or 0.0), MIN_WATCH * holder.interval)
             if wait > MAX_WAIT:
                 raise self._held(holder)
             return self._watch(holder, version, wait)
@@ -411,12 +448,16 @@ class Lease:
 
         Renewed meanwhile: its writer is alive, LeaseHeldError. Still the same at the end: its
         writer is gone (a recycled Colab VM), the version to replace. Released or changed hands:
-        None, to look again.
+        None, to look again. Where writes may show late (a mount: Drive shows another machine's
+        writes seconds later), the renewals seen may be a dead writer's last ones still arriving:
+        each restarts the watch for the lease's timeout, and only renewals that go on for a whole
+        timeout prove the writer alive (a delay shorter than the timeout has run out by then).
         """
         line = (f"resumable: waiting up to {wait:.0f} s for the writer lease of {self.storage.url} held by "
                 f"{holder.describe()}: taken over if not renewed meanwhile")
         started = time.monotonic()
         poll = min(1.0, max(0.05, holder.interval / 4))
+        began = started
         with WaitLine(line) as shown:
             while (left := wait - (time.monotonic() - started)) > 0:
                 shown.left(left)
@@ -426,19 +467,24 @@ class Lease:
                     return None
                 if found[1] != version:
                     now = LeaseInfo.from_json(found[0])
-                    if now is not None and now.token == holder.token:  # renewed: alive
+                    if now is None or now.token != holder.token:
+                        return None
+                    # GCS shows every write at once: one renewal proves life. A mount may be late.
+                    if self.storage.is_gcs or time.monotonic() - began >= holder.timeout:
                         shown.end("renewed, so its writer is alive")
                         raise self._held(now)
-                    return None
+                    holder, version = now, found[1]  # gone once unchanged for its timeout from now
+                    started, wait = time.monotonic(), max(holder.timeout, MIN_WATCH * holder.interval)
             shown.end("not renewed, taking it over")
-        logger.warning("resumable: taking over the writer lease of %s: not renewed for %s (its process "
-                       "is gone, e.g. with a recycled VM)", holder.describe(), _ago(holder.age()))
+        logger.warning("resumable: taking over the writer lease of %s: unchanged for the %s watched (its "
+                       "process is gone, e.g. with a recycled VM)", holder.describe(), _ago(wait))
         return version
 
     def _held(self, holder: LeaseInfo) -> LeaseHeldError:
+        when = f", at {_show(holder.expires)}" if holder.clock_is_ours() else ""
         return LeaseHeldError(
             f"{self.storage.url} is being written by another process ({holder.describe()}; stale after "
-            f"{_ago(holder.timeout)} without renewal, at {_show(holder.expires)}): two writers would "
+            f"{_ago(holder.timeout)} without renewal{when}): two writers would "
             "corrupt the run. Stop that process, wait until its lease is stale, or pass takeover=True "
             "to take the run over (the other process then stops at its next save)"
         )
@@ -446,20 +492,34 @@ class Lease:
     def _landed(self, data: bytes) -> Any | None:
         """After a failed swap: did our write land anyway (a retry after a lost reply)?"""
         found = self.storage.read_run_file(LEASE_NAME)
+        self._note_taker(found)
         return found[1] if found is not None and found[0] == data else None
 
     def _still_ours(self) -> Any | None:
         """The stored version when the lease still has our token, or is torn (by a write of ours
         that failed half-way where writes are not atomic: a contender would take it over too)."""
         found = self.storage.read_run_file(LEASE_NAME)
+        self._note_taker(found)
         if found is None or self.info is None:
             return None
         current = LeaseInfo.from_json(found[0])
         return found[1] if current is None or current.token == self.info.token else None
 
+    def _note_taker(self, found: tuple[bytes, Any] | None) -> None:
+        """Remember a lease of another holder seen in our place: the lost writer's message names it
+        even if that holder has released it again by the time the message is written."""
+        current = LeaseInfo.from_json(found[0]) if found is not None else None
+        if current is not None and self.info is not None and current.token != self.info.token:
+            self._taken_by = current
+
     def _lose(self) -> None:
         found = read_lease(self.storage)
-        who = f"now held by {found.describe()}" if found else "it was removed"
+        taker = found if found is not None and (self.info is None or found.token != self.info.token) \
+            else self._taken_by
+        if taker is not None:
+            who = f"taken over by {taker.describe()}"
+        else:
+            who = "lease.json was deleted or made unreadable, by another process or by hand"
         self.lost = (f"{self.storage.url}: this process lost its writer lease ({who}); it stops writing to "
                      "this run folder. Another process took the run over: continue there, or call "
                      "resumable.resume(..., takeover=True) to take it back")

@@ -15,6 +15,7 @@ from resumable.storage.folder import RunFolder
 from resumable.storage.index_upkeep import indexed_infos, read_index
 from resumable.storage.local_files import LINK_PROBLEM
 from resumable.storage.records import CheckpointInfo, ListedFile, Status, checked_info, manifest_readable
+from resumable.storage.retry import deadline_in
 
 logger = logging.getLogger("resumable")
 
@@ -178,7 +179,8 @@ class Listing:
 
         if folder.is_gcs:
             fs.invalidate_cache(folder.root)  # another process may have written since
-        found, infos = gcsfs_compat.run(fs, both)
+        with deadline_in(folder.retry.budget):  # a command's budget bounds gcsfs' requests too
+            found, infos = gcsfs_compat.run(fs, both)
         if isinstance(infos, FileNotFoundError):
             infos = {}  # no index (yet): every folder is checked from its own files
         if isinstance(found, BaseException) or not found or isinstance(infos, BaseException):

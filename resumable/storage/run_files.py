@@ -118,6 +118,22 @@ class RunFiles:
             return None
         return time.time() - modified
 
+    def run_file_server_age(self, name: str) -> float | None:
+        """Seconds since file ``name`` was last written, by the storage's own clock alone (GCS:
+        its answer's date minus the object's update time); None where the storage does not
+        tell both (local disks and mounts: an mtime may come from the writing machine's clock,
+        and a mount may show a write late) or when the file is gone."""
+        if not self.is_gcs:
+            return None
+        path = self._run_file_path(name)
+        try:
+            with self._folder.errors(self._folder.url_of(name)):
+                age: float | None = self._folder.call(lambda: gcs_objects.age_by_server(self.fs, path),
+                                                      f"stat {name}")
+                return age
+        except FileNotFoundError:
+            return None
+
     def delete_run_file(self, name: str, version: Any) -> bool:
         """Delete file ``name`` only if it still is ``version``; False when it changed or is gone."""
         path = self._run_file_path(name)

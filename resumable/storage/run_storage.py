@@ -249,6 +249,10 @@ class RunStorage:
         (local disks and mounts); None elsewhere, or when it is gone."""
         return self._run_files.run_file_age(name)
 
+    def run_file_server_age(self, name: str) -> float | None:
+        """`RunFiles.run_file_server_age`: the file's age by the storage's clock, where it tells it."""
+        return self._run_files.run_file_server_age(name)
+
     def delete_run_file(self, name: str, version: Any) -> bool:
         """Delete file ``name`` only if it still is ``version``; False when it changed or is gone."""
         return self._run_files.delete_run_file(name, version)

@@ -99,7 +99,7 @@ def test_second_writer_gets_one_line_naming_the_holder(run_url: str, as_host, ca
     """Another machine's live writer: the contender watches its lease, sees it renewed, is refused."""
     storage = RunStorage(run_url)
     as_host("colab-a")
-    first = Lease(storage, renew_interval=0.05)  # the default timeout; renewed often, as a live notebook's
+    first = Lease(storage, timeout=2, renew_interval=0.05)  # renewed often, as a live notebook's
     first.acquire()
     first.start_renewing()
     as_host("colab-b")
@@ -109,11 +109,11 @@ def test_second_writer_gets_one_line_naming_the_holder(run_url: str, as_host, ca
     assert "\n" not in message
     assert "host 'colab-a'" in message and f"process {os.getpid()}" in message
     assert f"since {first.info.started:%Y-%m-%d %H:%M}" in message if first.info else False
-    assert "takeover=True" in message and "stale after 40 s" in message
+    assert "takeover=True" in message and "stale after 2 s" in message
     found = read_lease(storage)
     assert found is not None and first.info is not None and found.token == first.info.token  # untouched
     err = capsys.readouterr().err
-    assert "waiting up to 40 s for the writer lease" in err and "host 'colab-a'" in err
+    assert "waiting up to 2 s for the writer lease" in err and "host 'colab-a'" in err
     assert "renewed, so its writer is alive" in err
     first.renew()  # and still the holder's
 
@@ -153,18 +153,24 @@ def test_release_never_deletes_another_holders_lease(run_url: str, as_host) -> N
 
 
 def test_stale_lease_is_taken_over_without_takeover(run_url: str, as_host, caplog) -> None:  # type: ignore[no-untyped-def]
+    """Stale by GCS' own clock: taken at once; elsewhere another machine's lease is watched for its
+    timeout first (its renewal time is by its own clock, never compared with ours)."""
     storage = RunStorage(run_url)
     as_host("colab-a")
     old = Lease(storage, timeout=0.5)  # its holder's setting decides when it is stale
     old.acquire()
-    time.sleep(0.7)
+    time.sleep(2.2 if storage.is_gcs else 0.7)  # GCS' Date header counts whole seconds
     as_host("colab-b")
     with caplog.at_level(logging.WARNING, logger="resumable"):
         new = Lease(storage, timeout=600)
         new.acquire()
     assert read_lease(storage) == new.info
-    assert any("stale writer lease of host 'colab-a'" in r.getMessage() for r in caplog.records)
-    with pytest.raises(LeaseLostError):
+    said = " ".join(r.getMessage() for r in caplog.records)
+    if storage.is_gcs:
+        assert "stale writer lease of host 'colab-a'" in said and "by the storage's clock" in said
+    else:
+        assert "taking over the writer lease of host 'colab-a'" in said and "unchanged for the" in said
+    with pytest.raises(LeaseLostError, match="taken over by host 'colab-b'"):
         old.renew()
 
 
@@ -222,7 +228,14 @@ def test_blocks_means_a_writer_that_renews_on_time(as_host) -> None:  # type: ig
     assert fresh.blocks()
     silent = dataclasses.replace(fresh, renewed=now - dt.timedelta(seconds=20))
     assert not silent.blocks() and not silent.stale()  # a writer would wait for it, then take it over
-    assert dataclasses.replace(fresh, renewed=now - dt.timedelta(seconds=41)).stale()
+    old = dataclasses.replace(fresh, renewed=now - dt.timedelta(seconds=41))
+    assert not old.stale()  # by another machine's clock alone: never; a writer watches it
+    assert old.stale(server_age=41) and not fresh.stale(server_age=39)  # by the storage's clock
+    assert not fresh.blocks(server_age=20) and silent.blocks(server_age=1)
+    ours = dataclasses.replace(old, host=lease._HOST, boot_id=lease._BOOT_ID)
+    assert ours.stale()  # this machine's clock is ours
+    future = dataclasses.replace(ours, renewed=now + dt.timedelta(days=365 * 70))
+    assert not future.clock_is_ours() and not future.stale()  # "renewed in 2099": watched, not trusted
 
 
 def test_renewing_keeps_a_short_lease_fresh(run_url: str, as_host) -> None:  # type: ignore[no-untyped-def]
@@ -324,6 +337,90 @@ def test_a_live_process_on_this_host_keeps_its_lease(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("backend", ["local", "gcs"])
+# ---------------------------------------------------------------------- clocks: never another machine's
+
+
+def skewed_clock(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
+    """This process' wall clock, as the lease reads it, ``seconds`` ahead (behind if negative)."""
+    real = lease._now
+    monkeypatch.setattr(lease, "_now", lambda: real() + dt.timedelta(seconds=seconds))
+
+
+@pytest.mark.parametrize("backend", ["local", "gcs"])
+@pytest.mark.parametrize("skew", [60.0, -60.0, 3600.0])
+def test_a_contender_whose_clock_is_off_never_takes_a_live_writer_s_lease(  # type: ignore[no-untyped-def]
+        run_url: str, as_host, monkeypatch: pytest.MonkeyPatch, skew: float) -> None:
+    """The audit's case: a second machine whose clock ran 60 s ahead judged the live writer's lease
+    stale by its own clock and took it at once; the writer then stopped. Now it watches the lease,
+    sees it renewed, and is refused; the writer keeps writing."""
+    storage = RunStorage(run_url)
+    as_host("colab-a")
+    live = Lease(storage, timeout=1.0, renew_interval=0.2)
+    live.acquire()
+    live.start_renewing()
+    as_host("colab-b")
+    skewed_clock(monkeypatch, skew)
+    started = time.monotonic()
+    with pytest.raises(LeaseHeldError, match="host 'colab-a'"):
+        Lease(storage).acquire()
+    assert time.monotonic() - started < 5  # refused once it saw a renewal, well within the timeout
+    live.fence()  # still ours: no LeaseLostError
+    live.renew()
+    assert read_lease(storage) == live.info
+
+
+def test_a_lease_renewed_in_the_future_blocks_for_one_timeout_not_until_then(  # type: ignore[no-untyped-def]
+        tmp_path: Path, caplog) -> None:
+    """A hostile lease of this host, a live process named, renewed "in 2099": its renewal time tells
+    nothing, so it is watched like another machine's and taken over once unchanged for its timeout."""
+    storage = RunStorage(str(tmp_path / "run"))
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        far = dt.datetime(2099, 1, 1, tzinfo=dt.timezone.utc)
+        hostile = LeaseInfo(token="x", host=lease._HOST, pid=alive.pid, started=far, renewed=far, timeout=1.0,
+                            boot_id=lease._BOOT_ID, renew_interval=0.25)
+        assert storage.create_run_file(LEASE_NAME, hostile.to_json()) is not None
+        assert not hostile.process_gone()
+        started = time.monotonic()
+        with caplog.at_level(logging.WARNING, logger="resumable"):
+            held = Lease(storage)
+            held.acquire()
+        waited = time.monotonic() - started
+    finally:
+        alive.kill()
+        alive.wait()
+    assert 1.0 <= waited < 5
+    assert read_lease(storage) == held.info
+    assert "unchanged for the 1 s watched" in caplog.text
+
+
+def test_a_lost_writer_is_told_its_lease_was_taken_and_by_whom(run_url: str, as_host) -> None:  # type: ignore[no-untyped-def]
+    storage = RunStorage(run_url)
+    as_host("colab-a")
+    first = Lease(storage, timeout=30)
+    first.acquire()
+    as_host("colab-b")
+    second = Lease(storage, timeout=30)
+    second.acquire(takeover=True)
+    with pytest.raises(LeaseLostError) as caught:
+        first.fence()
+    text = str(caught.value)
+    assert "lost its writer lease (taken over by host 'colab-b', process" in text and "removed" not in text
+    second.release()  # later calls repeat the same line
+    with pytest.raises(LeaseLostError, match="taken over by host 'colab-b'"):
+        first.renew()
+
+
+def test_a_lease_deleted_by_hand_says_so(run_url: str) -> None:
+    storage = RunStorage(run_url)
+    held = Lease(storage, timeout=30)
+    held.acquire()
+    found = storage.read_run_file(LEASE_NAME)
+    assert found is not None and storage.delete_run_file(LEASE_NAME, found[1])
+    with pytest.raises(LeaseLostError, match=r"lease\.json was deleted or made unreadable"):
+        held.renew()
+
+
 def test_a_lease_held_at_exit_is_released(run_url: str) -> None:
     """A script exits holding the lease (a plain model.fit that raised): it is released at exit."""
     script = ("import sys; from resumable import RunStorage; from resumable.storage.lease import Lease;"
@@ -397,7 +494,7 @@ def test_callback_holds_the_lease_while_training_only(tmp_path: Path, as_host) -
 
     x, y = np.zeros((8, 4), "float32"), np.zeros((8, 1), "float32")
     as_host("colab-a")
-    other = Lease(RunStorage(url), renew_interval=0.1)  # a live notebook on another VM
+    other = Lease(RunStorage(url), timeout=2, renew_interval=0.1)  # a live notebook on another VM
     other.acquire()
     other.start_renewing()
     as_host("colab-b")
@@ -547,8 +644,12 @@ def test_two_processes_on_one_run_folder(run_url: str) -> None:
 def test_a_writer_killed_on_another_machine_blocks_no_new_session(run_url: str) -> None:
     """A recycled Colab VM: the writer SIGKILLed, the next session on another host continues with no
     flag; while the writer lived, a second notebook on a third host was refused with one line."""
-    # stale 30 s after its last renewal: longer than the next session takes to start (Keras import)
-    holder = Job(run_url, "--epochs", "3", "--hold", "300", "--lease-timeout", "30", "--as-host", "vm-a")
+    # On GCS the storage's clock counts the silence since the last renewal: the lease must outlast
+    # the next session's start (Keras import) for it to wait at all. A local folder's lease is
+    # watched for its whole timeout from the first look; a live writer is refused once seen
+    # renewing for that long: a shorter one keeps the test short.
+    timeout = "30" if run_url.startswith("gs://") else "12"
+    holder = Job(run_url, "--epochs", "3", "--hold", "300", "--lease-timeout", timeout, "--as-host", "vm-a")
     holder.expect("TRAINING")
     holder.expect("LOG resumable: saved")
     live = Job(run_url, "--epochs", "3", "--as-host", "vm-b")
