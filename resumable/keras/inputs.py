@@ -260,11 +260,33 @@ class _PyDataset(_Role):
         return {"kind": self.kind, "order_seed": self.seed, "position": self.stream.position, **(saved or {})}
 
 
+class _Remembered:
+    """What this session knows of each input object: weakly held where the object allows it
+    (a ``list_iterator`` does not: kept alive then, as the fit that reads it does)."""
+
+    def __init__(self) -> None:
+        self._weak: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+        self._strong: dict[int, tuple[Any, Any]] = {}
+
+    def get(self, key: Any) -> Any:
+        try:
+            return self._weak.get(key)
+        except TypeError:
+            found = self._strong.get(id(key))
+            return found[1] if found is not None and found[0] is key else None
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        try:
+            self._weak[key] = value
+        except TypeError:
+            self._strong[id(key)] = (key, value)
+
+
 _ROLE_NAMES = {TRAIN: "training input", VALIDATION: "validation data"}
 # Where this session left Python iterators and PyDatasets given to run.fit.
-_ITERATOR_POSITIONS: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+_ITERATOR_POSITIONS = _Remembered()
 # a PyDataset's (order seed, stream position, saved get_state())
-_PYDATASETS: weakref.WeakKeyDictionary[Any, tuple[int, int, Any]] = weakref.WeakKeyDictionary()
+_PYDATASETS = _Remembered()
 
 
 class Feed(keras.callbacks.Callback):
@@ -319,6 +341,7 @@ class Feed(keras.callbacks.Callback):
 
     def _dataset_passes(self, dataset: Any, role: str) -> _Role:
         passes = tf_data.REGISTRY.passes_of(dataset)
+        passes.add_role(role)  # training before validation: the same dataset may be both
         replay = _DatasetPasses(passes, role)
         if passes.iterators == 0:  # never read by run.fit: positioned from its start
             if self.resumed:

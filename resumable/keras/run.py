@@ -174,10 +174,13 @@ class Run:
                                     positioned=feed.positions_rest_of_epoch)
             if isinstance(partial, str):
                 where = self.checkpoint.url if self.checkpoint else self.callback.filepath
-                warnings.warn(
-                    f"resumable: {where} was saved {batch} batches into epoch {self.initial_epoch + 1}, "
-                    f"but {partial}; that epoch restarts from its first batch", stacklevel=3,
-                )
+                message = (f"resumable: {where} was saved {batch} batches into epoch "
+                           f"{self.initial_epoch + 1}, but {partial}; that epoch restarts from its "
+                           "first batch")
+                if feed.problems:  # the input's problem was said: once is enough
+                    logger.info("%s", message)
+                else:
+                    warnings.warn(message, stacklevel=3)
                 self.callback.replay_epoch()
             else:
                 if feed.arguments.get("verbose", 1):

@@ -124,10 +124,14 @@ class Passes:
         """Iterators of the dataset created through resumable in this session."""
         return self._created + int(self._reads.numpy())
 
-    def slot(self, epoch: int, role: str) -> int:
-        """The iterator (1-based, counting from the dataset's creation) that ``role`` reads in ``epoch``."""
+    def add_role(self, role: str) -> None:
+        """``role`` reads this dataset each epoch (roles are added in the order fit reads them)."""
         if role not in self.roles:
             self.roles.append(role)
+
+    def slot(self, epoch: int, role: str) -> int:
+        """The iterator (1-based, counting from the dataset's creation) that ``role`` reads in ``epoch``."""
+        self.add_role(role)
         return 2 * len(self.roles) * epoch + 2 * (self.roles.index(role) + 1)
 
     def bring_to(self, slot: int) -> bool:

@@ -1,20 +1,21 @@
 """The input kinds people train with, each stopped and resumed in a new process (tests/keras/test_inputs.py).
 
-    KERAS_BACKEND=jax python tests/jobs/inputs_job.py PHASE OUT_DIR [CASE ...]
+    KERAS_BACKEND=jax python tests/jobs/inputs_job.py unbroken|stop|resume OUT_DIR [CASE ...]
 
 PHASE is one of:
 
 - ``unbroken``: every case trains ``EPOCHS`` epochs in one ``run.fit``;
-- ``stop-epoch``: trains ``STOP_EPOCH`` epochs and ends (an epoch-end checkpoint);
-- ``stop-batch``: is interrupted (KeyboardInterrupt, as Ctrl-C) after batch ``STOP_BATCH`` of
-  epoch ``STOP_EPOCH + 1`` (a mid-epoch checkpoint);
-- ``resume-epoch`` / ``resume-batch``: resumes the run a ``stop-*`` phase left and trains to
-  ``EPOCHS``.
+- ``stop``: every case trains ``STOP_EPOCH`` epochs and ends (``stop-epoch``: an epoch-end
+  checkpoint), and is interrupted (KeyboardInterrupt, as Ctrl-C) after batch ``STOP_BATCH`` of
+  epoch ``STOP_EPOCH + 1`` (``stop-batch``: a mid-epoch checkpoint), in run folders of its own;
+- ``resume``: resumes each run a ``stop`` process left and trains to ``EPOCHS``
+  (``resume-epoch``, ``resume-batch``); after it, a case with callbacks runs its code once more
+  (``resume()`` and ``run.fit`` of the finished run).
 
-Each case runs in turn in this one process (its run folder is ``OUT_DIR/<case>-<kind>``); the
+Each case runs in turn in this one process (its run folders are ``OUT_DIR/<case>-<kind>``); the
 phases run in separate processes, as sessions of a notebook do. A case writes
-``OUT_DIR/<case>-<phase>.npz`` (the final weights) and ``.json`` (the warnings resumable gave,
-the history, what the case's callbacks saw, or the error). Prints ``CASE <name> ok|error``.
+``OUT_DIR/<case>-<step>.npz`` (the final weights) and ``.json`` (the warnings resumable gave,
+the history, what the case's callbacks saw, or the error). Prints ``CASE <name> <step> ok|error``.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import io
 import json
 import os
 import sys
+import time
 import traceback
 import warnings
 from collections.abc import Callable, Iterator
@@ -123,6 +125,11 @@ def stream() -> Iterator[tuple[np.ndarray, np.ndarray]]:
         yield X[part], Y[part]
 
 
+def started(generator: Iterator[Any]) -> Iterator[Any]:
+    next(generator)  # a batch looked at before run.fit
+    return generator
+
+
 def pipeline() -> tf.data.Dataset:
     """map with parallel calls, cache, a deterministic interleave of shuffled shards, prefetch."""
     shards = tf.data.Dataset.range(4).interleave(
@@ -133,6 +140,11 @@ def pipeline() -> tf.data.Dataset:
 
 
 VALIDATION = {"validation_data": (X_VAL, Y_VAL)}
+FLIP = keras.layers.RandomFlip("horizontal", seed=8)  # a Keras random layer in the pipeline
+
+
+def flipped(x: tf.Tensor, y: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    return tf.reshape(FLIP(tf.reshape(x, (-1, 2, 2, 1)), training=True), (-1, 4)), y
 CLASS_WEIGHT = {0: 1.0, 1: 2.0, 2: 0.5}
 
 
@@ -219,16 +231,16 @@ def _callbacks(patience: int, min_delta: float, scheduler: bool) -> Callbacks:
 
 
 CASES: dict[str, Case] = {
-    "arrays": Case(lambda: {"x": X, "y": Y, "batch_size": BATCH, **VALIDATION}),
+    # fit shuffles them (its default); a validation split of shuffled arrays
+    "arrays": Case(lambda: {"x": X, "y": Y, "batch_size": BATCH, "validation_split": 0.25}),
     "arrays-weights": Case(lambda: {"x": X, "y": Y, "batch_size": BATCH, "sample_weight": W, **VALIDATION}),
     "arrays-class-weight": Case(lambda: {"x": X, "y": Y, "batch_size": BATCH, "class_weight": CLASS_WEIGHT}),
-    "arrays-validation-split": Case(lambda: {"x": X, "y": Y, "batch_size": BATCH, "validation_split": 0.25}),
-    "tf.data-shuffle": Case(lambda: {"x": shuffled(), **VALIDATION}),
-    "tf.data-repeat": Case(lambda: {"x": shuffled().repeat(), "steps_per_epoch": 5, **VALIDATION}),
-    "tf.data-pipeline": Case(lambda: {"x": pipeline(), "class_weight": CLASS_WEIGHT}),
-    "tf.data-shuffled-validation": Case(lambda: {
+    # a shuffled validation dataset too
+    "tf.data-shuffle": Case(lambda: {
         "x": shuffled(), "validation_data": tf.data.Dataset.from_tensor_slices((X_VAL, Y_VAL)).shuffle(
             32, seed=7).batch(8)}),
+    "tf.data-repeat": Case(lambda: {"x": shuffled().repeat(), "steps_per_epoch": 5, **VALIDATION}),
+    "tf.data-pipeline": Case(lambda: {"x": pipeline(), "class_weight": CLASS_WEIGHT}),
     "pydataset-threads": Case(lambda: {"x": Batches(workers=2), **VALIDATION}),
     "pydataset-processes": Case(lambda: {"x": Batches(workers=2, use_multiprocessing=True)}),
     "pydataset-state": Case(lambda: {"x": OwnOrder(stateful=True), "shuffle": False}),
@@ -241,9 +253,11 @@ CASES: dict[str, Case] = {
                               _callbacks(patience=1, min_delta=10.0, scheduler=False)),
     # said, not exact:
     "tf.data-unseeded": Case(lambda: {"x": unseeded()}),
+    "tf.data-random-layer": Case(lambda: {"x": shuffled().map(flipped)}),
+    "tf.data-fewer-steps": Case(lambda: {"x": shuffled(), "steps_per_epoch": 4}),
     "pydataset-own-order": Case(lambda: {"x": OwnOrder(stateful=False), "shuffle": False}),
+    "generator-started": Case(lambda: {"x": started(stream()), "steps_per_epoch": 6}),
 }
-EXACT = [name for name in CASES if name not in ("tf.data-unseeded", "pydataset-own-order")]
 
 
 def run_case(name: str, phase: str, out: Path) -> dict[str, Any]:
@@ -282,19 +296,25 @@ def run_case(name: str, phase: str, out: Path) -> dict[str, Any]:
     return report
 
 
+PHASES = {"unbroken": ["unbroken"], "stop": ["stop-epoch", "stop-batch"],
+          "resume": ["resume-epoch", "resume-batch"]}
+
+
 def main(argv: list[str]) -> int:
     phase, out = argv[0], Path(argv[1])
     names = argv[2:] or list(CASES)
     tf.config.experimental.enable_op_determinism()
     for name in names:
-        try:
-            report = run_case(name, phase, out)
-            status = "ok"
-        except BaseException as e:  # noqa: BLE001 - reported per case; the other cases go on
-            report = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
-            status = "error"
-        (out / f"{name}-{phase}.json").write_text(json.dumps(report, default=str))
-        print(f"CASE {name} {status}", flush=True)
+        for step in PHASES.get(phase, [phase]):
+            started = time.monotonic()
+            try:
+                report = run_case(name, step, out)
+                status = "ok"
+            except BaseException as e:  # noqa: BLE001 - reported per case; the other cases go on
+                report = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+                status = "error"
+            (out / f"{name}-{step}.json").write_text(json.dumps(report, default=str))
+            print(f"CASE {name} {step} {status} {time.monotonic() - started:.1f} s", flush=True)
     return 0
 
 
