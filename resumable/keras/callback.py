@@ -227,8 +227,9 @@ class CheckpointCallback(keras.callbacks.Callback):
         # start of its epoch (they decide the epoch's data order) and its metrics' running totals.
         self.resume_batch = 0
         self.resume_epoch_rng: dict[str, Any] | None = None
-        # Where the restored checkpoint's inputs stood (streams' positions), for Run.fit's Feed;
-        # and that Feed while Run.fit runs (its positions go into every checkpoint).
+        # Where the inputs stood at the restored (then the newest saved) checkpoint: streams'
+        # positions, for Run.fit's Feed; and that Feed while Run.fit runs (its positions go into
+        # every checkpoint).
         self.resume_inputs: dict[str, Any] = {}
         self.feed: Feed | None = None
         self._said_plain_fit = False
@@ -634,6 +635,8 @@ class CheckpointCallback(keras.callbacks.Callback):
         staging = self.manager.stage(name, drop_cached=False)  # dropped by the writer, or below
         callback_states, arrays = keras_io.callback_states(self._siblings)
         state = self._state(callback_states, step, batch)
+        if "inputs" in state:  # where the inputs stand at the newest checkpoint, for a later run.fit
+            self.resume_inputs = state["inputs"]
         if batch:
             self._add_resumed_metrics()
             state["epoch_rng"] = self._epoch_rng

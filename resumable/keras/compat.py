@@ -210,9 +210,9 @@ def running_fit_input(callback: keras.callbacks.Callback) -> Any:
     try:
         while frame is not None:
             values = frame.f_locals
-            if any(isinstance(v, keras.callbacks.CallbackList) and callback in v.callbacks
-                   for v in values.values()):
-                return values.get("x")
+            if "x" in values and any(isinstance(v, keras.callbacks.CallbackList) and callback in v.callbacks
+                                     for v in values.values()):
+                return values["x"]
             frame = frame.f_back
     finally:
         del frame

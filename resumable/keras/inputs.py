@@ -3,13 +3,14 @@
 A run's data order is part of its state, as its weights are: epoch k of a seeded
 ``tf.data`` shuffle is the k-th iterator's order, a Python generator is k epochs further on, a
 PyDataset may reorder itself in ``on_epoch_end``. A new session starts each of them anew.
-`Feed` brings them where the unbroken run had them (`tf_data` for datasets; generators are
-fast-forwarded; a PyDataset's ``get_state``/``set_state`` are saved), records in each
-checkpoint what a later session needs for that (``state.json``'s ``inputs``), and when an input
-cannot be brought there says so once, naming it and what to change.
+`Feed` brings them where the unbroken run had them (`tf_data` for datasets; `py_dataset` for
+PyDatasets, their order drawn from a saved seed and their ``get_state``/``set_state`` saved;
+generators fast-forwarded), records in each checkpoint what a later session needs for that
+(``state.json``'s ``inputs``), and when an input cannot be brought there says so once, naming
+it and what to change.
 
-NumPy arrays and PyDataset indices need none of this: Keras orders them from the RNG states
-the checkpoint holds (`positioning`).
+NumPy arrays need none of this: Keras orders them from the RNG states the checkpoint holds
+(`positioning` skips the batches of a resumed epoch).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Any
 import keras
 
 from resumable.core.display import printable
-from resumable.keras import compat, py_dataset, tf_data, user_state
+from resumable.keras import compat, positioning, py_dataset, tf_data, user_state
 
 logger = logging.getLogger("resumable")
 
@@ -204,7 +205,7 @@ class _PyDataset(_Role):
         self.dataset = dataset
         self.seed = seed
         self.shuffle = shuffle
-        self.count = dataset.num_batches
+        self.count = py_dataset.batch_count(dataset)
         # Keras' enqueuer restarts an endless dataset at index 0 each epoch; its own loop does not
         self.per_epoch = dataset.workers > 1 or (dataset.workers > 0 and dataset.use_multiprocessing)
         self.stream = _Stream(start)
@@ -221,16 +222,14 @@ class _PyDataset(_Role):
         self.epoch = epoch
         if self.current is not None:
             self.current.order = self._order(epoch, self.skip)
-            self.current.offset = self._offset()
-            self.skip = 0  # only the fit's first epoch, the resumed one, starts mid-way
+            if self.per_epoch:  # Keras' enqueuer counts from 0 again; its own loop counts on
+                self.current.offset = self.skip
+        self.skip = 0  # only the fit's first epoch, the resumed one, starts mid-way
 
     def _order(self, epoch: int, skip: int) -> list[int] | None:
         if self.count is None:
             return None
         return py_dataset.epoch_order(self.seed, epoch, self.count, self.shuffle)[skip:]
-
-    def _offset(self) -> int:
-        return self.skip if self.per_epoch else self.stream.position
 
     def batch_done(self, batch: int) -> None:
         self.stream.batch_done(batch)
@@ -242,11 +241,12 @@ class _PyDataset(_Role):
         self.stream.fit_done()
         if user_state.has_protocol(self.dataset):
             self.pending = user_state.capture(self.dataset, self.name)
-            _PYDATASETS[self.dataset] = (self.seed, self.stream.position, self.pending)
+        _PYDATASETS[self.dataset] = (self.seed, self.stream.position, self.pending)
 
     def for_fit(self, limit: int | None, skip: int) -> Any:
         self.skip = skip
-        self.current = py_dataset.Ordered(self.dataset, self._order(self.epoch, skip), self._offset())
+        offset = skip if self.per_epoch else self.stream.position
+        self.current = py_dataset.Ordered(self.dataset, self._order(self.epoch, skip), offset)
         return self.current
 
     def overrides(self) -> dict[str, Any]:
@@ -301,6 +301,7 @@ class Feed(keras.callbacks.Callback):
     def __init__(self, model: keras.Model, args: tuple[Any, ...], kwargs: dict[str, Any], *,
                  epoch: int, batch: int, saved: dict[str, Any]) -> None:
         super().__init__()
+        self.model_fitted = model
         self.arguments = _bind(model, args, kwargs)
         self.epoch = epoch
         self.resumed = epoch > 0 or batch > 0
@@ -337,6 +338,11 @@ class Feed(keras.callbacks.Callback):
             return self._pydataset(x, saved, epoch, batch)
         if isinstance(x, Iterator) and not isinstance(x, (list, tuple, dict)):
             return self._iterator(x, saved, epoch, steps, batch)
+        if self.resumed and x is not None and not positioning.takes_arrays(
+                self.model_fitted, x, self.arguments.get("y"), self.arguments.get("sample_weight")):
+            self._say(x, TRAIN, f"resumable does not know how to bring a {type(x).__name__} to where an "
+                                "unbroken run has it (it starts again from its first batch): pass a "
+                                "tf.data.Dataset, a keras.utils.PyDataset or a generator for an exact resume")
         return _Unchanged(x)
 
     def _dataset_passes(self, dataset: Any, role: str) -> _Role:
@@ -529,17 +535,4 @@ def _bind(model: keras.Model, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
     return arguments
 
 
-def check_saved(inputs: Any) -> None:
-    """ValueError naming the first entry of ``state.json``'s ``inputs`` a resume would trip over."""
-    if type(inputs) is not dict:
-        raise ValueError(f"field inputs: expected an object, got {type(inputs).__name__}")
-    for name, entry in inputs.items():
-        if name not in (TRAIN, VALIDATION) or type(entry) is not dict or type(entry.get("kind")) is not str:
-            raise ValueError(f"field inputs.{name}: expected an input's kind and position")
-        for field in ("position", "order_seed"):
-            if field in entry and not (type(entry[field]) is int and 0 <= entry[field] < 2**63):
-                raise ValueError(f"field inputs.{name}.{field}: expected a whole number, "
-                                 f"got {entry[field]!r:.40}")
-
-
-__all__ = ["Feed", "check_saved", "describe", "plain_fit_problem"]
+__all__ = ["Feed", "describe", "plain_fit_problem"]

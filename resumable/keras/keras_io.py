@@ -50,7 +50,7 @@ from resumable.core.errors import (
     CorruptCheckpointError,
     ResumableError,
 )
-from resumable.keras import compat, inputs, lora, trainable, user_state, zip_member
+from resumable.keras import compat, lora, trainable, user_state, zip_member
 
 # The file names come from the module that writes them; callers know them from here.
 from resumable.keras.snapshot import (
@@ -277,7 +277,7 @@ def check_state(state: Any) -> None:
     if "trainable" in state:
         _check_trainable_layout(state["trainable"])
     if "inputs" in state:
-        inputs.check_saved(state["inputs"])
+        _check_inputs(state["inputs"])
 
 
 def _check_trainable_layout(layout: dict[str, Any]) -> None:
@@ -292,6 +292,20 @@ def _check_trainable_layout(layout: dict[str, Any]) -> None:
     if not (type(frozen) is dict and type(frozen.get("crc32c")) is str
             and all(type(frozen.get(k)) is int and frozen[k] >= 0 for k in ("variables", "bytes"))):
         raise ValueError("field trainable.frozen: expected its crc32c, variables and bytes")
+
+
+_INPUT_ROLES = ("x", "validation_data")  # inputs.TRAIN, inputs.VALIDATION
+
+
+def _check_inputs(inputs: dict[str, Any]) -> None:
+    """Where run.fit's inputs stood (`inputs.Feed.state`): a role, a kind, whole-number positions."""
+    for name, entry in inputs.items():
+        if name not in _INPUT_ROLES or type(entry) is not dict or type(entry.get("kind")) is not str:
+            raise ValueError(f"field inputs.{name}: expected an input's kind and position")
+        for field in ("position", "order_seed"):
+            if field in entry and not (type(entry[field]) is int and 0 <= entry[field] < 2**63):
+                raise ValueError(f"field inputs.{name}.{field}: expected a whole number, "
+                                 f"got {_shown(entry[field])}")
 
 
 _STATE_TYPES: dict[str, type] = {

@@ -96,6 +96,17 @@ def rest_of_epoch(model: keras.Model, args: tuple[Any, ...], kwargs: dict[str, A
     return f"a {type(x).__name__} input cannot be positioned at a batch"
 
 
+def takes_arrays(model: keras.Model, x: Any, y: Any = None, sample_weight: Any = None) -> bool:
+    """True when ``fit`` takes ``x`` as arrays (NumPy, tensors, dicts or lists of them; for a
+    keras-hub task, a list of strings too): inputs Keras orders from the RNG states a
+    checkpoint holds. False also when this Keras' array adapter is unknown."""
+    if _batches_arrays_in_order(model) and all(map(_sliceable, (x, y, sample_weight))):
+        return True
+    adapters = compat.array_adapters()
+    return adapters is not None and bool(
+        adapters.array_data_adapter.can_convert_arrays((x, y, sample_weight)))
+
+
 def _batches_arrays_in_order(model: keras.Model) -> bool:
     """True for keras-hub's tasks (``CausalLM`` and the others): their ``fit`` turns arrays (or a
     list of strings) into a dataset of batches in their order, and ``shuffle`` never reaches
@@ -136,4 +147,4 @@ def _tf_global_seed(tf: Any) -> int | None:
     return seed
 
 
-__all__ = ["rest_of_epoch"]
+__all__ = ["rest_of_epoch", "takes_arrays"]

@@ -60,9 +60,15 @@ class Ordered(keras.utils.PyDataset):
         self.inner.on_epoch_end()
 
 
+def batch_count(dataset: Any) -> int | None:
+    """Batches per epoch (``num_batches``; ``len()`` in Keras versions without it); None: endless."""
+    count = getattr(dataset, "num_batches", None) if hasattr(type(dataset), "num_batches") else len(dataset)
+    return None if count is None else int(count)
+
+
 def overrides_on_epoch_end(dataset: Any) -> bool:
     """True when the dataset's class has its own ``on_epoch_end`` (which may reorder it)."""
     return type(dataset).on_epoch_end is not keras.utils.PyDataset.on_epoch_end
 
 
-__all__ = ["Ordered", "epoch_order", "new_seed", "overrides_on_epoch_end"]
+__all__ = ["Ordered", "batch_count", "epoch_order", "new_seed", "overrides_on_epoch_end"]

@@ -150,7 +150,6 @@ class Run:
         finally:
             self.callback.callbacks = None
             self.callback.feed = None
-            self.callback.resume_inputs = {}
             self.callback.release_lease()  # Keras skips on_train_end when an exception leaves fit
         self._finish_uploads(quiet=False)
         if stops.received is not None:  # the signal came after the last batch: act on it now

@@ -147,3 +147,28 @@ def test_an_input_that_cannot_be_replayed_is_said_once(results: Path, case: str,
     assert f"resumable: the training input {SAID[case].split(' cannot')[0]}" in said(resumed)[0]
     # nothing said while the run was new
     assert said(report(results, case, f"stop-{stop}")) == []
+
+
+def test_a_plain_model_fit_resuming_a_shuffled_dataset_says_once_to_use_run_fit(tmp_path: Path) -> None:
+    import keras
+    import tensorflow as tf
+
+    import resumable
+
+    def build() -> Any:
+        keras.utils.set_random_seed(1)
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        model.compile(optimizer="adam", loss="mse")
+        return model
+
+    data = np.random.default_rng(0).normal(size=(32, 4)).astype("float32")
+    dataset = tf.data.Dataset.from_tensor_slices((data, data[:, :1])).shuffle(32, seed=1).batch(8)
+    url = str(tmp_path / "run")
+    resumable.resume(url, build_model=build).fit(dataset, epochs=1, verbose=0)
+    run = resumable.resume(url, build_model=build)
+    with pytest.warns(UserWarning) as caught:
+        run.model.fit(dataset, epochs=2, initial_epoch=1, verbose=0, callbacks=[run.callback])
+    said = [str(w.message) for w in caught if CANNOT in str(w.message)]
+    assert said == ["resumable: the training input (tf.data.Dataset) cannot be replayed exactly: model.fit "
+                    "reads its shuffle from the first epoch's order in a new session: use run.fit from "
+                    "resumable.resume() for the order an unbroken run has"]
