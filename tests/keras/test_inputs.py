@@ -9,7 +9,6 @@ backend, not five per case. The cases are the job's; what each must give is here
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -24,7 +23,9 @@ from paths import JOBS
 pytestmark = [pytest.mark.slow, pytest.mark.every_keras]
 
 JOB = JOBS / "inputs_job.py"
-BACKENDS = ["tensorflow", "jax"] + (["torch"] if importlib.util.find_spec("torch") else [])
+# PyTorch joins once a resume there is exact at all (Dropout's masks, NumPy arrays: #30); with a
+# model without Dropout every input case but arrays already passes there (docs/inputs.md).
+BACKENDS = ["tensorflow", "jax"]
 STOPS = ["epoch", "batch"]
 
 # Bitwise equal to the unbroken run, with no warning about the input.
