@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
@@ -23,7 +23,8 @@ from resumable.core.errors import NoSpaceError, ResumableError
 from resumable.core.manifest import Manifest
 from resumable.core.naming import DEFAULT_TEMPLATE
 from resumable.core.policy import Retention, is_better, resolve_mode
-from resumable.keras import compat, keras_io, notebook, trainable
+from resumable.keras import compat, keras_io, notebook, trainable, user_state
+from resumable.keras.inputs import Feed, describe, plain_fit_problem
 from resumable.manager.run_manager import RunManager
 from resumable.manager.uploader import check_when_behind
 from resumable.storage import CheckpointInfo, RunStorage
@@ -238,6 +239,13 @@ class CheckpointCallback(keras.callbacks.Callback):
         # start of its epoch (they decide the epoch's data order) and its metrics' running totals.
         self.resume_batch = 0
         self.resume_epoch_rng: dict[str, Any] | None = None
+        # Where the inputs stood at the restored (then the newest saved) checkpoint: streams'
+        # positions, for Run.fit's Feed; and that Feed while Run.fit runs (its positions go into
+        # every checkpoint).
+        self.resume_inputs: dict[str, Any] = {}
+        self.feed: Feed | None = None
+        self._said_plain_fit = False
+        self._resume_learning_rate: Any = None  # the optimizer's rate in a restored mid-epoch checkpoint
         self._resume_metrics: dict[str, Any] = {}
         self._batch_offset = 0  # batches of the current epoch done before this fit (set by Run.fit)
         self._in_epoch = False
@@ -306,12 +314,22 @@ class CheckpointCallback(keras.callbacks.Callback):
         self._pending_arrays = arrays
         self.resume_batch = int(manifest.batch or 0)
         self.resume_epoch_rng = state.get("epoch_rng") if self.resume_batch else None
+        self.resume_inputs = state.get("inputs") or {}
         self._resume_metrics = {k: v for k, v in arrays.items() if k.startswith("metrics/")}
         self._last_saved_step = manifest.step
 
-    def begin_partial_epoch(self, batch: int) -> None:
-        """The next fit runs the rest of the restored checkpoint's epoch, from ``batch`` (Run.fit)."""
+    def give_state(self, callbacks: Sequence[keras.callbacks.Callback]) -> None:
+        """Restore the checkpoint's callback states into ``callbacks`` now, not at the next fit's
+        first epoch (a run that is over: `Run.fit` trains no more)."""
+        if self._pending_restore is not None:
+            keras_io.restore_callback_states(callbacks, self._pending_restore["callbacks"],
+                                             self._pending_arrays)
+
+    def begin_partial_epoch(self, batch: int, model: keras.Model) -> None:
+        """The next fit of ``model`` runs the rest of the restored checkpoint's epoch, from ``batch``
+        (Run.fit)."""
         self._batch_offset = batch
+        self._resume_learning_rate = keras_io.learning_rate(model)
 
     def replay_epoch(self) -> None:
         """The restored mid-epoch checkpoint's epoch restarts from its first batch."""
@@ -352,6 +370,8 @@ class CheckpointCallback(keras.callbacks.Callback):
         self._in_epoch = False
         self._last_save_time = time.monotonic()  # timed saves count training time only
         self._defer_lines = True
+        if self.callbacks is None and self._restored is not None and (self.epochs_done or self.resume_batch):
+            self._say_if_plain_fit_cannot_replay()
         if self._chief():
             self.manager.acquire()
             try:
@@ -362,6 +382,16 @@ class CheckpointCallback(keras.callbacks.Callback):
             self._fit_in_main_thread = threading.current_thread() is threading.main_thread()
             if not self._cell_watched:
                 self._cell_watched = notebook.after_this_cell(self._after_the_cell)
+
+    def _say_if_plain_fit_cannot_replay(self) -> None:
+        """A resumed run trained by a plain ``model.fit``: once, when its input is not read as an
+        unbroken run reads it (`Run.fit` replays it)."""
+        x = compat.running_fit_input(self)
+        problem = None if x is None else plain_fit_problem(x)
+        if problem is not None and not self._said_plain_fit:
+            self._said_plain_fit = True
+            warnings.warn(f"resumable: the training input ({describe(x)}) cannot be replayed exactly: "
+                          f"{problem}", stacklevel=3)
 
     @_gives_lease_back_on_error
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
@@ -379,6 +409,9 @@ class CheckpointCallback(keras.callbacks.Callback):
         if offset:
             # The rest of a restored epoch: its data order came from the RNG states at its start.
             self._epoch_rng = self.resume_epoch_rng or {}
+            # Its on_epoch_begin ran in the session that saved it; callbacks that set the learning
+            # rate there (LearningRateScheduler) just did it again: the checkpoint's rate stands.
+            keras_io.set_learning_rate(self.model, self._resume_learning_rate)
         else:
             self._epoch_rng = keras_io.rng_state()
             self._resume_metrics = {}
@@ -521,8 +554,17 @@ class CheckpointCallback(keras.callbacks.Callback):
             self.on_train_batch_end(index, logs)
         self._save_pending()
 
-    def _add_resumed_metrics(self) -> None:
-        """Once the first batch of a resumed epoch has built the metrics, add the saved totals."""
+    def _add_resumed_metrics(self, logs: dict[str, Any] | None = None) -> None:
+        """Once the first batch of a resumed epoch has built the metrics, add the saved totals; and
+        correct that batch's ``logs`` (the dict every callback after this call is given), which
+        Keras computed from the one batch."""
+        if self._resume_metrics:
+            self._add_saved_metrics()
+            if logs is not None:
+                logs.update({k: v for k, v in keras_io.logs_to_floats(_metrics_result(self.model)).items()
+                             if k in logs})
+
+    def _add_saved_metrics(self) -> None:
         if self._resume_metrics:
             saved, self._resume_metrics = self._resume_metrics, {}
             try:
@@ -605,6 +647,8 @@ class CheckpointCallback(keras.callbacks.Callback):
         staging = self.manager.stage(name, drop_cached=False)  # dropped by the writer, or below
         callback_states, arrays = keras_io.callback_states(self._siblings)
         state = self._state(callback_states, step, batch)
+        if "inputs" in state:  # where the inputs stand at the newest checkpoint, for a later run.fit
+            self.resume_inputs = state["inputs"]
         if batch:
             self._add_resumed_metrics()
             state["epoch_rng"] = self._epoch_rng
@@ -719,6 +763,7 @@ class CheckpointCallback(keras.callbacks.Callback):
             "callbacks": callback_states,
             "optimizer": keras_io.optimizer_summary(self.model),
             "rng": keras_io.rng_state(),
+            **({"inputs": self.feed.state()} if self.feed is not None else {}),
         }
 
     def _summary(self, callback_states: dict[str, Any]) -> dict[str, Any]:
@@ -733,7 +778,8 @@ class CheckpointCallback(keras.callbacks.Callback):
             else "keras",
             "backend": keras.backend.backend(),
             "optimizer": keras_io.optimizer_summary(self.model),
-            "callbacks": callback_states,
+            # your own callbacks' get_state() may be large: state.json holds it, the manifest does not
+            "callbacks": {k: v for k, v in callback_states.items() if user_state.STATE_KEY not in v},
         }
         if self.save_trainable_only:  # the base model the run trains on (cached: no second pass)
             summary["frozen"] = trainable.fingerprint(self.model).to_json()
@@ -773,6 +819,7 @@ class Witness(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         self.owner.witness("batch", batch, logs)
+        self.owner._add_resumed_metrics(logs)  # the other callbacks see the epoch's running metrics
 
 
 def _best_in_history(history: list[dict[str, float]], monitor: str, mode: str, initial: float | None

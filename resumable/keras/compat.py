@@ -165,6 +165,60 @@ def running_fit_callbacks(callback: keras.callbacks.Callback) -> list[keras.call
     return [callback]
 
 
+# keras.callbacks.TensorBoard's step counters: the step of each batch-level summary (and of the
+# validation's). on_train_begin sets the first to 0, so a resumed run would write its batches'
+# summaries over the first session's; saved and restored like EarlyStopping's fields.
+TENSORBOARD_COUNTERS = ("_global_train_batch", "_global_test_batch")
+
+
+def flush_tensorboard(callbacks: list[keras.callbacks.Callback]) -> None:
+    """Write out what each ``keras.callbacks.TensorBoard`` holds in its writers' queues (its
+    ``_writers``): an interrupted fit never calls its ``on_train_end``, and the summaries of the
+    batches before the interrupt would be lost. Nothing without ``_writers``."""
+    for callback in callbacks:
+        if isinstance(callback, keras.callbacks.TensorBoard):
+            for writer in list(getattr(callback, "_writers", {}).values()):
+                with contextlib.suppress(Exception):  # a writer already closed
+                    writer.flush()
+
+
+def build_for_fit(model: keras.Model, batch: Any) -> bool:
+    """Build what ``model.fit`` would build from its first batch (the model, its compiled metrics
+    and loss, the optimizer), from ``batch`` (arrays, or tensor specs: only shapes and dtypes
+    are read). False when this Keras has no ``Trainer._symbolic_build(data_batch=...)``.
+
+    On JAX and torch, ``fit`` reads a batch of the epoch to build them when they are not
+    built; with a PyDataset's workers that read leaves Keras' queue a batch behind for the whole
+    fit (each epoch gets the previous epoch's last batch first), and from a stream it takes a
+    batch the run never trains on. Building first, as ``fit`` would, avoids that read.
+    """
+    build = getattr(model, "_symbolic_build", None)
+    try:
+        if build is None or "data_batch" not in inspect.signature(build).parameters:
+            raise AttributeError("_symbolic_build")
+    except (AttributeError, TypeError, ValueError):
+        logger.debug("%s", unsupported("Trainer._symbolic_build(data_batch=...)"))
+        return False
+    build(data_batch=batch)
+    return True
+
+
+def running_fit_input(callback: keras.callbacks.Callback) -> Any:
+    """The ``x`` of the ``model.fit`` running ``callback`` (found as `running_fit_callbacks` finds
+    its callbacks: the ``fit`` frame holding them); None if not found."""
+    frame = inspect.currentframe()
+    try:
+        while frame is not None:
+            values = frame.f_locals
+            if "x" in values and any(isinstance(v, keras.callbacks.CallbackList) and callback in v.callbacks
+                                     for v in values.values()):
+                return values["x"]
+            frame = frame.f_back
+    finally:
+        del frame
+    return None
+
+
 # ----------------------------------------------------------------------------- drop-in callbacks
 
 # What resumable.ModelCheckpoint overrides or calls of keras.callbacks.ModelCheckpoint, with the
@@ -605,7 +659,9 @@ def write_legacy_weights(model: keras.Model, file: Any) -> None:
         legacy.save_optimizer_weights_to_hdf5_group(file, optimizer)
 
 
-__all__ = ["ArrayAdapters", "array_adapters", "can_write_legacy_weights", "compile_config_kept",
-           "global_seed_generator", "lora_layer_variables", "model_checkpoint_internals",
-           "running_fit_callbacks", "set_fit_initial_epoch", "tensorflow_unavailable",
+
+__all__ = ["TENSORBOARD_COUNTERS", "ArrayAdapters", "array_adapters", "build_for_fit",
+           "can_write_legacy_weights", "compile_config_kept", "flush_tensorboard", "global_seed_generator",
+           "lora_layer_variables", "model_checkpoint_internals", "running_fit_callbacks",
+           "running_fit_input", "set_fit_initial_epoch", "tensorflow_unavailable",
            "trained_non_trainable_variables", "unsupported", "write_legacy_weights"]

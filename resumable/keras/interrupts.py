@@ -30,6 +30,7 @@ class StopSignals:
         self.handled: int | None = None  # the first signal
         self.abandoned = False  # a second signal: stop without saving
         self._previous: dict[int, Any] = {}
+        self._pid = os.getpid()
 
     def __enter__(self) -> StopSignals:
         if threading.current_thread() is threading.main_thread():
@@ -51,22 +52,31 @@ class StopSignals:
             self.received = None  # the callback acted on it
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if os.getpid() != self._pid:
+            # A process forked during training (a PyDataset's multiprocessing worker, which Keras
+            # stops with SIGTERM) inherited this handler: it saves nothing, so act as before us.
+            self._act_as_before(signum, frame)
+            return
         if self.handled is not None:
             self.abandoned = True
-            previous = self._previous.get(signum, signal.SIG_DFL)
-            signal.signal(signum, previous)
-            if callable(previous):
-                previous(signum, frame)  # Python's default SIGINT handler raises KeyboardInterrupt
-            elif signum == signal.SIGINT:
-                raise KeyboardInterrupt
-            else:
-                os.kill(os.getpid(), signum)  # SIG_DFL: die by the signal, as without us
+            self._act_as_before(signum, frame)
             return
         self.handled = self.received = signum
         name = "SIGTERM" if signum == signal.SIGTERM else "Ctrl-C"
         print(f"\nresumable: {name}: saving a checkpoint at the end of this batch, then stopping "
               f"(send it again to stop at once)", file=sys.stderr, flush=True)
         self.callback.request_stop(signum)
+
+    def _act_as_before(self, signum: int, frame: FrameType | None) -> None:
+        """What the handler in place before ours does: put it back and run it."""
+        previous = self._previous.get(signum, signal.SIG_DFL)
+        signal.signal(signum, previous)
+        if callable(previous):
+            previous(signum, frame)  # Python's default SIGINT handler raises KeyboardInterrupt
+        elif signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        else:
+            os.kill(os.getpid(), signum)  # SIG_DFL: die by the signal, as without us
 
 
 __all__ = ["StopSignals"]

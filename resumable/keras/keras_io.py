@@ -50,7 +50,7 @@ from resumable.core.errors import (
     CorruptCheckpointError,
     ResumableError,
 )
-from resumable.keras import checkpoint_reading, compat, legacy_h5, lora, trainable, zip_member
+from resumable.keras import checkpoint_reading, compat, legacy_h5, lora, trainable, user_state, zip_member
 
 # The file names come from the module that writes them; callers know them from here.
 from resumable.keras.snapshot import (
@@ -77,6 +77,7 @@ CALLBACK_FIELDS: dict[str, tuple[str, ...]] = {
     "ReduceLROnPlateau": ("wait", "cooldown_counter", "best"),
     # keras.callbacks.ModelCheckpoint and resumable.ModelCheckpoint (same class name): the best so far
     "ModelCheckpoint": ("best",),
+    "TensorBoard": compat.TENSORBOARD_COUNTERS,  # its summaries' steps continue
 }
 
 
@@ -198,6 +199,20 @@ def optimizer_summary(model: keras.Model) -> dict[str, Any] | None:
     return summary
 
 
+def learning_rate(model: keras.Model) -> Any:
+    """The optimizer's learning rate as an array, when it is a variable (not a schedule); else None."""
+    rate = getattr(getattr(model, "optimizer", None), "learning_rate", None)
+    if not hasattr(rate, "assign"):
+        return None
+    return keras.ops.convert_to_numpy(rate)
+
+
+def set_learning_rate(model: keras.Model, value: Any) -> None:
+    """Put back a rate `learning_rate` read (nothing for None)."""
+    if value is not None:
+        model.optimizer.learning_rate.assign(value)
+
+
 def iterations(model: keras.Model) -> int:
     """Optimizer steps done over the whole run (0 without an optimizer)."""
     optimizer = getattr(model, "optimizer", None)
@@ -261,6 +276,8 @@ def check_state(state: Any) -> None:
         raise ValueError("field optimizer: expected its class name and iterations")
     if "trainable" in state:
         _check_trainable_layout(state["trainable"])
+    if "inputs" in state:
+        _check_inputs(state["inputs"])
 
 
 def _check_trainable_layout(layout: dict[str, Any]) -> None:
@@ -277,9 +294,23 @@ def _check_trainable_layout(layout: dict[str, Any]) -> None:
         raise ValueError("field trainable.frozen: expected its crc32c, variables and bytes")
 
 
+_INPUT_ROLES = ("x", "validation_data")  # inputs.TRAIN, inputs.VALIDATION
+
+
+def _check_inputs(inputs: dict[str, Any]) -> None:
+    """Where run.fit's inputs stood (`inputs.Feed.state`): a role, a kind, whole-number positions."""
+    for name, entry in inputs.items():
+        if name not in _INPUT_ROLES or type(entry) is not dict or type(entry.get("kind")) is not str:
+            raise ValueError(f"field inputs.{name}: expected an input's kind and position")
+        for field in ("position", "order_seed"):
+            if field in entry and not (type(entry[field]) is int and 0 <= entry[field] < 2**63):
+                raise ValueError(f"field inputs.{name}.{field}: expected a whole number, "
+                                 f"got {_shown(entry[field])}")
+
+
 _STATE_TYPES: dict[str, type] = {
     "monitor": str, "mode": str, "stopped_early": bool, "history": list, "callbacks": dict, "rng": dict,
-    "epoch_rng": dict, "model": dict, "optimizer": dict, "trainable": dict,
+    "epoch_rng": dict, "model": dict, "optimizer": dict, "trainable": dict, "inputs": dict,
 }
 # null reads as "none" for these; the others are read with .get(key, {}), where null would break
 _MAY_BE_NULL = ("monitor", "mode", "stopped_early", "epoch_rng", "optimizer")
@@ -702,6 +733,11 @@ def callback_states(
     for callback in callbacks:
         fields = CALLBACK_FIELDS.get(type(callback).__name__)
         if fields is None:
+            if user_state.has_protocol(callback):
+                key = callback_key(callbacks, callback)
+                saved = user_state.capture(callback, key)
+                if saved is not None:
+                    states[key] = saved
             continue
         key = callback_key(callbacks, callback)
         states[key] = {name: getattr(callback, name, None) for name in fields}
@@ -719,14 +755,18 @@ def restore_callback_states(callbacks: Sequence[keras.callbacks.Callback], state
     Only the fields `callback_states` saves for that class (`CALLBACK_FIELDS`, plus
     ``best_weights`` from ``arrays``), each with a value of the kind saved: state.json is read
     from a run folder, and must never set ``on_epoch_end`` or ``model``. Anything else is
-    skipped with one warning naming it.
+    skipped with one warning naming it. A callback of another class with ``get_state`` and
+    ``set_state`` gets its saved state through ``set_state`` (`user_state`).
     """
     restored = []
     for callback in callbacks:
         fields = CALLBACK_FIELDS.get(type(callback).__name__)
-        if fields is None:
-            continue
         key = callback_key(callbacks, callback)
+        if fields is None:
+            if user_state.has_protocol(callback) and key in states and user_state.restore(
+                    callback, key, states[key]):
+                restored.append(key)
+            continue
         if key not in states:
             continue
         saved = states[key]

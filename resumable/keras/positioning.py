@@ -1,14 +1,14 @@
-"""Position a `model.fit` input at a batch of its epoch, for an exact mid-epoch resume.
+"""Position NumPy arrays at a batch of their epoch, for an exact mid-epoch resume.
 
 `Run.fit` resumes a checkpoint taken k batches into an epoch by fitting the rest of that epoch
-first: the same batches, in the same order, as an uninterrupted run would have seen.
+first: the same batches, in the same order, as an uninterrupted run would have seen. Arrays
+are positioned here, through Keras' own array adapter; datasets, PyDatasets and generators by
+`inputs.Feed`.
 """
 
 from __future__ import annotations
 
 import inspect
-import sys
-from collections.abc import Iterator
 from typing import Any
 
 import keras
@@ -17,13 +17,14 @@ from resumable.keras import compat, keras_io
 
 
 def rest_of_epoch(model: keras.Model, args: tuple[Any, ...], kwargs: dict[str, Any], batch: int,
-                   epoch_rng: dict[str, Any]) -> dict[str, Any] | str:
+                   epoch_rng: dict[str, Any], positioned: bool = False) -> dict[str, Any] | str:
     """``model.fit`` arguments for the batches of the current epoch after ``batch``, or why not.
 
     The data order of the epoch is Keras' own: NumPy arrays go through Keras' array adapter
     (with TensorFlow, ``fit``'s shuffle depends on the global seed only; elsewhere on NumPy's
-    state at the epoch start, saved as ``epoch_rng``); a PyDataset shuffled by ``fit`` uses
-    Python's state at the epoch start, as Keras does.
+    state at the epoch start, saved as ``epoch_rng``). ``positioned``: ``x`` already starts at
+    the batch (`inputs.Feed` placed a dataset, PyDataset or generator there); other inputs
+    cannot be positioned here.
     """
     try:
         bound = inspect.signature(model.fit).bind_partial(*args, **kwargs)
@@ -43,6 +44,9 @@ def rest_of_epoch(model: keras.Model, args: tuple[Any, ...], kwargs: dict[str, A
     remaining = None if steps is None else steps - batch
     if remaining is not None and remaining <= 0:
         return f"steps_per_epoch={steps} is not more than that"
+    if positioned:
+        return {**rest, "x": x, "shuffle": False, "class_weight": class_weight,
+                **({"steps_per_epoch": remaining} if remaining else {})}
     adapters = compat.array_adapters()
     if adapters is None:  # replaying the epoch is the safe answer
         return compat.unsupported("the data adapters of model.fit")
@@ -71,6 +75,8 @@ def rest_of_epoch(model: keras.Model, args: tuple[Any, ...], kwargs: dict[str, A
         total = steps or adapter.num_batches
         if total is not None and batch >= total:
             return f"the epoch has only {total} batches"
+        if batch_size is not None and rest.get("validation_batch_size") is None:
+            rest["validation_batch_size"] = batch_size  # fit validates in batches of batch_size
         if backend == "tensorflow":
             import tensorflow as tf
 
@@ -87,35 +93,18 @@ def rest_of_epoch(model: keras.Model, args: tuple[Any, ...], kwargs: dict[str, A
                 next(batches)
             return {**rest, "x": batches, "shuffle": False, "steps_per_epoch": (total or 0) - batch}
         return f"resumable cannot position arrays on the {backend} backend"
-    if split or y is not None or sample_weight is not None:
-        return "y, sample_weight and validation_split need arrays as x"  # fit says so next
-    if class_weight is not None:
-        rest["class_weight"] = class_weight
-    if isinstance(x, keras.utils.PyDataset):
-        count = x.num_batches
-        if count is not None and batch >= count:
-            return f"the PyDataset has only {count} batches"
-        order = None
-        if count is not None:
-            order = list(range(count))
-            if shuffle:
-                keras_io.python_random(epoch_rng).shuffle(order)  # as Keras' adapter, from the epoch start
-            order = order[batch:]
-        return {**rest, "x": _Skipped(x, order, batch), "shuffle": False,
-                **({"steps_per_epoch": remaining} if remaining else {})}
-    if "tensorflow" in sys.modules:
-        tf = sys.modules["tensorflow"]
-        if isinstance(x, tf.data.Dataset):
-            return {**rest, "x": x.skip(batch), "shuffle": False,
-                    **({"steps_per_epoch": remaining} if remaining else {})}
-    if isinstance(x, Iterator) and not isinstance(x, (list, tuple, dict)):
-        try:
-            for _ in range(batch):
-                next(x)
-        except StopIteration:
-            return "the generator ended before that batch"
-        return {**rest, "x": x, "shuffle": False, **({"steps_per_epoch": remaining} if remaining else {})}
     return f"a {type(x).__name__} input cannot be positioned at a batch"
+
+
+def takes_arrays(model: keras.Model, x: Any, y: Any = None, sample_weight: Any = None) -> bool:
+    """True when ``fit`` takes ``x`` as arrays (NumPy, tensors, dicts or lists of them; for a
+    keras-hub task, a list of strings too): inputs Keras orders from the RNG states a
+    checkpoint holds. False also when this Keras' array adapter is unknown."""
+    if _batches_arrays_in_order(model) and all(map(_sliceable, (x, y, sample_weight))):
+        return True
+    adapters = compat.array_adapters()
+    return adapters is not None and bool(
+        adapters.array_data_adapter.can_convert_arrays((x, y, sample_weight)))
 
 
 def _batches_arrays_in_order(model: keras.Model) -> bool:
@@ -158,31 +147,4 @@ def _tf_global_seed(tf: Any) -> int | None:
     return seed
 
 
-class _Skipped(keras.utils.PyDataset):
-    """A PyDataset's batches from a given one on: ``order`` (finite) or an offset (infinite)."""
-
-    def __init__(self, inner: Any, order: list[int] | None, offset: int) -> None:
-        super().__init__(workers=inner.workers, use_multiprocessing=inner.use_multiprocessing,
-                         max_queue_size=inner.max_queue_size)
-        self._inner = inner
-        self._order = order
-        self._offset = offset
-
-    @property
-    def num_batches(self) -> int | None:
-        return None if self._order is None else len(self._order)
-
-    def __len__(self) -> int:
-        return len(self._order) if self._order is not None else sys.maxsize
-
-    def __getitem__(self, index: int) -> Any:
-        return self._inner[self._order[index] if self._order is not None else index + self._offset]
-
-    def on_epoch_begin(self) -> None:
-        self._inner.on_epoch_begin()
-
-    def on_epoch_end(self) -> None:
-        self._inner.on_epoch_end()
-
-
-__all__ = ["rest_of_epoch"]
+__all__ = ["rest_of_epoch", "takes_arrays"]

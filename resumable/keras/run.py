@@ -18,8 +18,10 @@ from resumable.core.errors import (
     LeaseLostError,
     ResumableError,
 )
-from resumable.keras import keras_io
+from resumable.keras import compat, keras_io
 from resumable.keras.callback import CheckpointCallback, Witness
+from resumable.keras.continuity import csv_logs_continued, final_weights
+from resumable.keras.inputs import Feed
 from resumable.keras.interrupts import StopSignals
 from resumable.keras.positioning import rest_of_epoch
 from resumable.manager.run_manager import RunManager
@@ -109,26 +111,34 @@ class Run:
             )
         own = list(callbacks or [])
         if self.callback.stopped_early:
-            return self._done(f"stopped early after epoch {self.initial_epoch}; nothing to do", kwargs)
+            return self._done(f"stopped early after epoch {self.initial_epoch}; nothing to do; "
+                              f"{self._final_weights(own)}", kwargs)
         if self.initial_epoch == epochs:
-            return self._done(f"complete: {self.initial_epoch} of {epochs} epochs done", kwargs)
+            return self._done(f"complete: {self.initial_epoch} of {epochs} epochs done; "
+                              f"{self._final_weights(own)}", kwargs)
         if self.initial_epoch > epochs:
             return self._done(
                 f"the run already has {self.initial_epoch} epochs; nothing to train for epochs={epochs} "
                 "(epochs counts the run's total: pass more than "
                 f"{self.initial_epoch} to train longer)", kwargs)
         self._roll_back_if_ahead()
-        # The witness sees each epoch and batch end first: a later callback raising there cannot
-        # lose that checkpoint (see _interrupted).
-        everything = [Witness(self.callback)] + [c for c in own if c is not self.callback] + [self.callback]
+        # The feed first: before Keras creates an epoch's iterators, it brings the inputs to where
+        # an unbroken run has them; checkpoints record their positions. The witness next sees each
+        # epoch and batch end before the others: a later callback raising there cannot lose that
+        # checkpoint (see _interrupted).
+        feed = Feed(self.model, args, kwargs, epoch=self.initial_epoch, batch=self.callback.resume_batch,
+                    saved=self.callback.resume_inputs)
+        everything = [feed, Witness(self.callback)] + [c for c in own if c is not self.callback] + [
+            self.callback]
         self._fitted = True
+        self.callback.feed = feed
         self.callback.callbacks = everything
         self.callback.strategy = self.strategy
         stops = StopSignals(self.callback)
         try:
-            with stops, keras_io.scope(None, self.distribution):
+            with stops, keras_io.scope(None, self.distribution), csv_logs_continued(own, self.initial_epoch):
                 try:
-                    history = self._fit(args, kwargs, epochs, everything)
+                    history = self._fit(feed, epochs, everything)
                 except BaseException as e:
                     # Interrupted (KeyboardInterrupt, SIGTERM, an error in a batch): Keras skips
                     # on_train_end, so save an interrupt's state and land the checkpoints before
@@ -139,49 +149,73 @@ class Run:
                     raise
         finally:
             self.callback.callbacks = None
+            self.callback.feed = None
             self.callback.release_lease()  # Keras skips on_train_end when an exception leaves fit
         self._finish_uploads(quiet=False)
         if stops.received is not None:  # the signal came after the last batch: act on it now
             raise SystemExit(128 + signal.SIGTERM) if stops.received == signal.SIGTERM else KeyboardInterrupt
         return history
 
-    def _fit(self, args: tuple[Any, ...], kwargs: dict[str, Any], epochs: int,
+    def _fit(self, feed: Feed, epochs: int,
              callbacks: list[keras.callbacks.Callback]) -> keras.callbacks.History:
-        """The rest of a restored mid-epoch checkpoint's epoch, if any, then the next epochs."""
-        histories = []
+        """The rest of a restored mid-epoch checkpoint's epoch, if any, then the next epochs.
+
+        The inputs come from ``feed``: datasets and generators brought to where an unbroken run
+        has them.
+        """
         batch = self.callback.resume_batch
+        histories = []
         if batch:
-            partial = rest_of_epoch(self.model, args, kwargs, batch, self.callback.resume_epoch_rng or {})
+            steps = feed.arguments.get("steps_per_epoch")
+            remaining = steps - batch if steps is not None and steps > batch else None
+            partial = rest_of_epoch(self.model, (), feed.arguments_for(limit=remaining, skip=batch), batch,
+                                    self.callback.resume_epoch_rng or {},
+                                    positioned=feed.positions_rest_of_epoch)
             if isinstance(partial, str):
                 where = self.checkpoint.url if self.checkpoint else self.callback.filepath
-                warnings.warn(
-                    f"resumable: {where} was saved {batch} batches into epoch {self.initial_epoch + 1}, "
-                    f"but {partial}; that epoch restarts from its first batch", stacklevel=3,
-                )
+                message = (f"resumable: {where} was saved {batch} batches into epoch "
+                           f"{self.initial_epoch + 1}, but {partial}; that epoch restarts from its "
+                           "first batch")
+                if feed.problems:  # the input's problem was said: once is enough
+                    logger.info("%s", message)
+                else:
+                    warnings.warn(message, stacklevel=3)
                 self.callback.replay_epoch()
             else:
-                if kwargs.get("verbose", 1):
+                if feed.arguments.get("verbose", 1):
                     print(f"resumable: epoch {self.initial_epoch + 1} continues at batch {batch + 1}")
                 logger.info("resumable: epoch %d continues at batch %d", self.initial_epoch + 1, batch + 1)
-                self.callback.begin_partial_epoch(batch)
+                self.callback.begin_partial_epoch(batch, self.model)
                 # Keras' header would read "Epoch E/E" for this fit of one epoch: show the run's total.
                 headers = [] if any(isinstance(c, keras.callbacks.ProgbarLogger) for c in callbacks) else [
                     _RunEpochs(epochs)]
-                histories.append(self.model.fit(
-                    epochs=self.initial_epoch + 1, initial_epoch=self.initial_epoch,
-                    callbacks=[*callbacks, *headers], **partial,
-                ))
+                feed.build_model(self.model)
+                feed.fit_starts()
+                try:
+                    histories.append(self.model.fit(
+                        epochs=self.initial_epoch + 1, initial_epoch=self.initial_epoch,
+                        callbacks=[*callbacks, *headers], **partial,
+                    ))
+                finally:
+                    feed.fit_done()
                 if self.callback.stopped_early or self.initial_epoch >= epochs:
                     return _merge(histories, self.model)
                 self.callback.carry_over()
-        histories.append(self.model.fit(
-            *args, epochs=epochs, initial_epoch=self.initial_epoch, callbacks=callbacks, **kwargs
-        ))
+        arguments = feed.arguments_for()
+        feed.build_model(self.model)
+        feed.fit_starts()
+        try:
+            histories.append(self.model.fit(
+                epochs=epochs, initial_epoch=self.initial_epoch, callbacks=callbacks, **arguments
+            ))
+        finally:
+            feed.fit_done()
         return _merge(histories, self.model)
 
     def _interrupted(self, error: BaseException, stops: StopSignals) -> None:
         """After an exception left model.fit: save an interrupt's state, wait for uploads, say where."""
         self.callback.print_lines(fit_ended=True)
+        compat.flush_tensorboard(self.callback.callbacks or [])  # Keras skips their on_train_end
         interrupt = isinstance(error, KeyboardInterrupt) or (
             isinstance(error, SystemExit) and stops.handled == signal.SIGTERM
         )
@@ -259,6 +293,10 @@ class Run:
                 logger.info("resumable: %s", e)
                 return
             warnings.warn(f"resumable: {e}", stacklevel=3)
+
+    def _final_weights(self, callbacks: list[keras.callbacks.Callback]) -> str:
+        """A run that is over: the model as an unbroken run ends it (EarlyStopping's best weights)."""
+        return final_weights(self.model, callbacks, self.callback.give_state, self.initial_epoch)
 
     def _done(self, message: str, kwargs: dict[str, Any]) -> keras.callbacks.History:
         if kwargs.get("verbose", 1):

@@ -661,6 +661,9 @@ def _ago(seconds: float) -> str:
 
 _held: set[Lease] = set()  # strong: a held lease is released at exit even if nothing else keeps it
 _hook_registered = False
+# A process forked while holding a lease (a PyDataset's multiprocessing workers) holds none: its
+# exit (which runs threading's exit hooks) must not release the lease of the process it came from.
+os.register_at_fork(after_in_child=_held.clear)
 
 
 def _register_exit_hook() -> None:

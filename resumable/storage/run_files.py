@@ -190,4 +190,8 @@ class RunFiles:
                 fcntl.flock(fd, fcntl.LOCK_EX)
             yield
         finally:
-            os.close(fd)  # releases the lock
+            # Unlock, not only close: a process forked meanwhile (a PyDataset's multiprocessing
+            # workers) shares this descriptor, and would hold the lock until it exits.
+            with contextlib.suppress(OSError):
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)

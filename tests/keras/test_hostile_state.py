@@ -100,6 +100,52 @@ def test_a_callback_state_that_is_not_an_object_is_skipped(caplog: pytest.LogCap
     assert "not restoring EarlyStopping#0 from state.json: not a JSON object" in caplog.text
 
 
+class Counted(keras.callbacks.Callback):
+    """A callback of one's own with get_state()/set_state() (`resumable.keras.user_state`)."""
+
+    def __init__(self, fail: bool = False) -> None:
+        super().__init__()
+        self.state: Any = None
+        self.fail = fail
+
+    def get_state(self) -> Any:
+        return self.state
+
+    def set_state(self, state: Any) -> None:
+        if self.fail:
+            raise RuntimeError("no")
+        self.state = state
+
+
+def test_a_callback_of_one_s_own_gets_its_state_back() -> None:
+    mine = Counted()
+    restored = keras_io.restore_callback_states(
+        [mine], {"Counted#0": {"state": {"n": 3, "best": {"$float": "inf"}}}}, {})
+    assert restored == ["Counted#0"] and mine.state == {"n": 3, "best": float("inf")}
+
+
+@pytest.mark.parametrize(("saved", "why"), [
+    ({"state": 1, "on_epoch_end": 0}, "expected {'state': ...}"),
+    ([1], "expected {'state': ...}"),
+    ({"state": {"$float": "big"}}, "{'$float': 'big'} is not a float resumable wrote"),
+    ({"state": [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]}, "nested deeper"),
+])
+def test_a_hostile_state_of_one_s_own_callback_is_skipped(saved: Any, why: str,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
+    mine = Counted()
+    with caplog.at_level(logging.WARNING, logger="resumable"):
+        restored = keras_io.restore_callback_states([mine], {"Counted#0": saved}, {})
+    assert restored == [] and mine.state is None
+    assert f"not restoring the state of Counted#0: {why}" in caplog.text
+
+
+def test_a_set_state_that_raises_is_one_warning(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="resumable"):
+        restored = keras_io.restore_callback_states([Counted(fail=True)], {"Counted#0": {"state": 1}}, {})
+    assert restored == []
+    assert "not restoring the state of Counted#0: set_state() raised RuntimeError: no" in caplog.text
+
+
 # ----------------------------------------------------------------------------- reading state.json
 
 
@@ -144,6 +190,15 @@ HOSTILE_STATES = {
         "field trainable.weights"),
     "trainable-frozen-missing": (state_with(trainable={"weights": [], "optimizer": []}),
                                  "field trainable.frozen"),
+    "inputs-list": (state_with(inputs=[]), "field inputs: expected an object"),
+    "inputs-unknown-role": (state_with(inputs={"y": {"kind": "tf.data"}}), "field inputs.y"),
+    "inputs-no-kind": (state_with(inputs={"x": {"position": 3}}), "field inputs.x"),
+    "inputs-position-negative": (state_with(inputs={"x": {"kind": "iterator", "position": -1}}),
+                                 "field inputs.x.position"),
+    "inputs-position-huge": (state_with(inputs={"x": {"kind": "iterator", "position": 2**70}}),
+                             "field inputs.x.position"),
+    "inputs-seed-string": (state_with(inputs={"x": {"kind": "PyDataset", "order_seed": "7"}}),
+                           "field inputs.x.order_seed"),
 }
 
 

@@ -1,0 +1,241 @@
+"""Replaying a ``tf.data.Dataset`` in a resumed run: the order an unbroken run would have had.
+
+A seeded ``shuffle`` (``reshuffle_each_iteration=True``, the default) draws new seeds each time
+an iterator of the dataset is created: epoch k of a run is the k-th iterator's order. A new
+session builds the dataset anew, at its first order, so a resumed run must create as many
+iterators as the unbroken run had before the resumed epoch. Creating one without reading from
+it costs well under a millisecond (a few with parallel ``interleave``): nothing is read.
+
+Two ways Keras reads a dataset, and one replay for each:
+
+- **Passes** (no ``steps_per_epoch``, or one the dataset's batches do not exceed): Keras reads
+  one pass per epoch. `Passes` hands ``model.fit`` a wrapper whose iterators create the user's
+  dataset's iterator only when the first batch is read, so iterators Keras creates and never
+  reads (at an epoch end, to build the model) leave the order alone; and before each epoch
+  (and each validation) brings the dataset to the iterator its epoch owns: slot ``2e + 2`` of
+  epoch ``e``, one spare slot before it for a pass Keras reads to build the model. Mid-epoch,
+  the resumed epoch's pass skips the batches already trained (read, not trained: the cost of
+  a mid-epoch resume is reading part of one epoch).
+- **Stream** (``.repeat()`` or an unknown length, with ``steps_per_epoch``): Keras reads one
+  iterator across all epochs. `Stream` creates that iterator itself, positioned at the batch
+  the checkpoint was taken at (by reading the batches before it: the cost of resuming a stream
+  is reading every batch since the run started), and every ``model.fit`` of `Run.fit` reads
+  from it, the rest of a mid-epoch checkpoint's epoch and the epochs after.
+
+`problem` says, before a resumed run trains, what in a pipeline no replay can give back.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from typing import Any
+
+from resumable.keras import tf_compat
+
+logger = logging.getLogger("resumable")
+
+SEED_HINT = "pass seed= to it, or call keras.utils.set_random_seed(...) before building the dataset"
+
+
+def problem(dataset: Any) -> str | None:
+    """Why a resumed run cannot be given this dataset's order, in words ending with what to change;
+    None when every random choice in it is seeded."""
+    stages = tf_compat.stages(dataset)
+    ops = tf_compat.function_ops(dataset)
+    if stages is None or ops is None:
+        return ("resumable cannot look inside this TensorFlow's tf.data pipelines to check that every "
+                "shuffle is seeded; upgrade resumable, or check it yourself")
+    if any(s.nondeterministic for s in stages) or dataset.options().deterministic is False:
+        return "it trades order for speed (deterministic=False): drop that for an exact resume"
+    for stage in stages:
+        if stage.seeds == (0, 0) and "Shuffle" in stage.kind:
+            return f"its .shuffle() has no seed: {SEED_HINT}"
+        if stage.seeds == (0, 0):
+            return f"it draws random choices without a seed ({stage.kind.strip('_')}): {SEED_HINT}"
+        if stage.memory_cache and _reshuffles_below(stages, stage):
+            return ("its .cache() comes after a .shuffle() that reshuffles each epoch, so every epoch "
+                    "repeats the first epoch's order: cache before shuffling for an exact resume")
+    for op in ops:
+        if tf_compat.is_shuffle(op) and op.seeds == (0, 0):
+            return ("a dataset built inside one of its functions (interleave, flat_map) shuffles "
+                    f"without a seed: {SEED_HINT}")
+        if tf_compat.is_random(op) and op.seeds == (0, 0):
+            return f"a function in it ({op.type}) draws random numbers without a seed: {SEED_HINT}"
+        if tf_compat.changes_a_variable(op):
+            return ("a function in it changes a variable (a Keras random layer such as RandomFlip, "
+                    "or a tf.random.Generator), whose state is not saved: apply those layers inside "
+                    "the model instead (their state is then saved)")
+    return None
+
+
+def reshuffles(dataset: Any) -> bool:
+    """True when the dataset's order may change from one iterator to the next (a shuffle or a
+    random choice reshuffling each iteration, also inside its functions); True when it cannot
+    be told."""
+    stages = tf_compat.stages(dataset)
+    ops = tf_compat.function_ops(dataset)
+    if stages is None or ops is None:
+        return True
+    return any(s.reshuffles for s in stages) or any(tf_compat.is_shuffle(op) for op in ops)
+
+
+def _reshuffles_below(stages: list[tf_compat.Stage], top: tf_compat.Stage) -> bool:
+    pending = list(top.below)
+    seen: set[int] = set()
+    while pending:
+        i = pending.pop()
+        if i in seen:
+            continue
+        seen.add(i)
+        if stages[i].reshuffles:
+            return True
+        pending.extend(stages[i].below)
+    return False
+
+
+def cardinality(dataset: Any) -> int:
+    """Batches per pass: a count, or `INFINITE` (-1) or `UNKNOWN` (-2) as TensorFlow says them."""
+    return int(dataset.cardinality())
+
+
+INFINITE = -1
+UNKNOWN = -2
+
+
+class Passes:
+    """One dataset read a pass per epoch, across this session's `Run.fit` calls.
+
+    ``roles`` counts the uses of the dataset in one epoch (training, validation: the same
+    object can be both); each use owns two iterators per epoch.
+    """
+
+    def __init__(self, dataset: Any) -> None:
+        import tensorflow as tf
+
+        self.dataset = dataset
+        with tf.init_scope():
+            self._reads = tf.Variable(0, dtype=tf.int64, trainable=False, name="resumable_passes_read")
+        self._created = 0  # iterators made here, never read
+        self.roles: list[str] = []
+
+    @property
+    def iterators(self) -> int:
+        """Iterators of the dataset created through resumable in this session."""
+        return self._created + int(self._reads.numpy())
+
+    def add_role(self, role: str) -> None:
+        """``role`` reads this dataset each epoch (roles are added in the order fit reads them)."""
+        if role not in self.roles:
+            self.roles.append(role)
+
+    def slot(self, epoch: int, role: str) -> int:
+        """The iterator (1-based, counting from the dataset's creation) that ``role`` reads in ``epoch``."""
+        self.add_role(role)
+        return 2 * len(self.roles) * epoch + 2 * (self.roles.index(role) + 1)
+
+    def bring_to(self, slot: int) -> bool:
+        """Create (and drop) iterators until the next one is ``slot``; False when it is past that."""
+        missing = slot - 1 - self.iterators
+        for _ in range(max(missing, 0)):
+            iter(self.dataset)
+        self._created += max(missing, 0)
+        return missing >= 0
+
+    def wrapper(self, skip: int = 0) -> Any:
+        """What ``model.fit`` reads: the dataset, its iterator created at the first read, less the
+        first ``skip`` batches of each pass."""
+        import tensorflow as tf
+
+        reads = self._reads
+        dataset = self.dataset
+
+        def count(_: Any) -> Any:
+            return reads.assign_add(1)
+
+        def one_pass(_: Any) -> Any:
+            return dataset.skip(skip) if skip else dataset
+
+        wrapped = tf.data.Dataset.from_tensors(tf.constant(0, tf.int64)).map(count).flat_map(one_pass)
+        known = cardinality(dataset)
+        if known >= 0:
+            known = max(known - skip, 0)
+        if known != UNKNOWN:
+            wrapped = wrapped.apply(tf.data.experimental.assert_cardinality(known))
+        return wrapped.with_options(dataset.options())
+
+
+class Stream:
+    """One dataset Keras reads as a single stream across epochs (``steps_per_epoch``).
+
+    `Run.fit` reads every batch from one iterator, created here and positioned at ``position``
+    by reading (not training) the batches before it; ``consumed`` counts the batches the fits
+    took since, as Keras reports them.
+    """
+
+    def __init__(self, dataset: Any, position: int) -> None:
+        import tensorflow as tf
+
+        self.dataset = dataset
+        self.start = position
+        with tf.init_scope():
+            self._pulled = tf.Variable(0, dtype=tf.int64, trainable=False, name="resumable_stream_pulled")
+        self._iterator = iter(dataset.skip(position) if position else dataset)
+        self.consumed = 0
+
+    @property
+    def position(self) -> int:
+        """Batches of the stream trained on, from the run's start."""
+        return self.start + self.consumed
+
+    @property
+    def pulled(self) -> int:
+        """Batches read from the iterator so far (prefetching reads ahead of training)."""
+        return int(self._pulled.numpy())
+
+    def wrapper(self, limit: int | None = None) -> Any:
+        """What one ``model.fit`` reads: the stream's next batches, at most ``limit`` of them (so a
+        fit of the rest of an epoch never reads ahead into what the next fit trains on)."""
+        import tensorflow as tf
+
+        iterator = self._iterator
+        pulled = self._pulled
+
+        def next_batch(_: Any) -> Any:
+            with tf.control_dependencies([pulled.assign_add(1)]):
+                return iterator.get_next()
+
+        count = -1 if limit is None else limit
+        wrapped = tf.data.Dataset.from_tensors(tf.constant(0, tf.int64)).repeat(count).map(next_batch)
+        return wrapped.with_options(self.dataset.options())
+
+
+class Registry:
+    """What this session did with each dataset object: a dataset given to `Run.fit` again continues
+    from where it stands; one never seen is taken as fresh (built, and read only by the notebook's
+    own code, as in every session)."""
+
+    def __init__(self) -> None:
+        self.passes: weakref.WeakKeyDictionary[Any, Passes] = weakref.WeakKeyDictionary()
+        self.streams: weakref.WeakKeyDictionary[Any, Stream] = weakref.WeakKeyDictionary()
+
+    def passes_of(self, dataset: Any) -> Passes:
+        found = self.passes.get(dataset)
+        if found is None:
+            found = self.passes[dataset] = Passes(dataset)
+        return found
+
+
+REGISTRY = Registry()
+
+
+def is_dataset(x: Any) -> bool:
+    """True for a ``tf.data.Dataset`` (never imports TensorFlow)."""
+    import sys
+
+    tf = sys.modules.get("tensorflow")
+    return tf is not None and isinstance(x, tf.data.Dataset)
+
+
+__all__ = ["INFINITE", "REGISTRY", "UNKNOWN", "Passes", "Stream", "cardinality", "is_dataset", "problem",
+           "reshuffles"]
