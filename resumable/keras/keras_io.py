@@ -50,13 +50,14 @@ from resumable.core.errors import (
     CorruptCheckpointError,
     ResumableError,
 )
-from resumable.keras import compat, lora, trainable, zip_member
+from resumable.keras import compat, lora, shards, trainable, zip_member
 
 # The file names come from the module that writes them; callers know them from here.
 from resumable.keras.snapshot import (
     ARRAYS_FILE,
     ASSETS_FOLDER,
     CONFIG_FILE,
+    METADATA_FILE,
     MODEL_FILE,
     SHARD_NAME,
     SHARDS_FILE,
@@ -398,8 +399,38 @@ def _load_saved_model(folder: Path, weights_file: Path, landed: Landed, where: s
         return model if model is not None else keras.saving.load_model(str(weights_file))
     assets = folder / ASSETS_FOLDER
     with _shards_read(weights_file, where):
-        return compat.load_unzipped_model((folder / CONFIG_FILE).read_text(), str(weights_file),
-                                          str(assets) if assets.is_dir() else None, landed)
+        model = compat.load_unzipped_model((folder / CONFIG_FILE).read_text(), str(weights_file),
+                                           str(assets) if assets.is_dir() else None, landed)
+        if model is not None:
+            return model
+        with _merged_shards(weights_file, landed) as merged:  # a Keras that cannot read them itself
+            return _load_rezipped(folder, merged)
+
+
+@contextlib.contextmanager
+def _merged_shards(weights_file: Path, landed: Landed) -> Iterator[Path]:
+    """The checkpoint's sharded weights as one ``.weights.h5``, in a temporary folder (never in the
+    checkpoint's own: a local run is read in place)."""
+    with tempfile.TemporaryDirectory(prefix="resumable-load-") as temporary:
+        merged = Path(temporary) / WEIGHTS_FILE
+        shards.merge(weights_file, merged, landed, STATE_LIMIT)
+        yield merged
+
+
+def _load_rezipped(folder: Path, weights: Path) -> keras.Model:
+    """``keras.saving.load_model`` of the ``.keras`` an unzipped one (``folder``) and its merged
+    ``weights`` make, zipped next to the weights."""
+    archive_path = weights.with_name(MODEL_FILE)
+    with zipfile.ZipFile(archive_path, "w") as archive:
+        archive.write(folder / METADATA_FILE, METADATA_FILE)
+        archive.write(folder / CONFIG_FILE, CONFIG_FILE)
+        archive.write(weights, WEIGHTS_FILE)
+        assets = folder / ASSETS_FOLDER
+        for path in sorted(assets.rglob("*")) if assets.is_dir() else []:
+            if path.is_file():
+                archive.write(path, f"{ASSETS_FOLDER}/{path.relative_to(assets).as_posix()}")
+    weights.unlink()  # in the archive now: the disk holds it once
+    return keras.saving.load_model(str(archive_path))
 
 
 @contextlib.contextmanager
@@ -475,7 +506,9 @@ def _load_keras_weights(model: keras.Model, weights_file: Path, landed: Landed, 
     """
     if weights_file.name == SHARDS_FILE:
         with _shards_read(weights_file, where):
-            compat.load_sharded_weights(model, str(weights_file), landed)
+            if not compat.load_sharded_weights(model, str(weights_file), landed):
+                with _merged_shards(weights_file, landed) as merged:  # a Keras that cannot read them
+                    model.load_weights(str(merged))
         return
     if weights_file.name != MODEL_FILE:
         model.load_weights(str(weights_file))
