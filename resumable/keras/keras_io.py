@@ -15,8 +15,9 @@ Files of a checkpoint folder:
   full model: an unzipped ``.keras``; `snapshot.py`);
   with ``save_trainable_only``, ``trainable.npz`` instead: what trains and its optimizer state
   (``trainable.py``), the frozen weights named by a fingerprint in ``state.json``.
-- ``state.json``: history, callback states, RNG states, the weight layout (to name mismatches);
-  mid-epoch, also the RNG states at the epoch's start (``epoch_rng``: they decide its data order).
+- ``state.json``: history, callback states, RNG states (torch's too, where imported), the weight
+  layout (to name mismatches); mid-epoch, also the RNG states at the epoch's start
+  (``epoch_rng``: they decide its data order).
 - ``arrays.npz``: states of the model's seed generators (Dropout's masks continue, Keras does not
   save them), arrays held by callbacks (EarlyStopping's best weights), in full checkpoints the
   unmerged variables of LoRA layers (``lora/<i>``: Keras saves them merged, ``lora.py``) and,
@@ -50,7 +51,7 @@ from resumable.core.errors import (
     CorruptCheckpointError,
     ResumableError,
 )
-from resumable.keras import compat, lora, shards, trainable, zip_member
+from resumable.keras import compat, lora, shards, torch_backend, trainable, zip_member
 
 # The file names come from the module that writes them; callers know them from here.
 from resumable.keras.snapshot import (
@@ -308,6 +309,9 @@ def _check_rng(key: str, rng: dict[str, Any]) -> None:
         raise ValueError(f"field {key}.numpy: not a NumPy random state")
     if generator is not None and not _words(generator, None, low=-(2**63), high=2**63):  # int64 on TF
         raise ValueError(f"field {key}.keras: not a Keras seed generator state")
+    torch = rng.get(torch_backend.STATE_KEY)
+    if torch is not None and not torch_backend.is_rng_state(torch):
+        raise ValueError(f"field {key}.torch: not a torch random state")
 
 
 def _words(values: Any, length: int | None, low: int = 0, high: int = 2**32) -> bool:
@@ -800,7 +804,7 @@ def add_metrics(model: keras.Model, arrays: dict[str, np.ndarray]) -> bool:
 
 
 def rng_state() -> dict[str, Any]:
-    """Python's, NumPy's and Keras' global RNG states, as JSON-able values."""
+    """Python's, NumPy's, Keras' and (where imported) torch's global RNG states, as JSON-able values."""
     version, internal, gauss = random.getstate()
     kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
     state: dict[str, Any] = {
@@ -810,6 +814,9 @@ def rng_state() -> dict[str, Any]:
     generator = compat.global_seed_generator()
     if generator is not None:
         state["keras"] = keras.ops.convert_to_numpy(generator.state).tolist()
+    torch = torch_backend.rng_state()
+    if torch is not None:
+        state[torch_backend.STATE_KEY] = torch
     return state
 
 
@@ -823,6 +830,8 @@ def set_rng_state(state: dict[str, Any]) -> None:
     generator = compat.global_seed_generator(create="keras" in state)
     if "keras" in state and generator is not None:
         generator.state.assign(np.asarray(state["keras"], dtype=generator.state.dtype))
+    if torch_backend.STATE_KEY in state:
+        torch_backend.set_rng_state(state[torch_backend.STATE_KEY])
 
 
 def python_random(state: dict[str, Any]) -> random.Random:

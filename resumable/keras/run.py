@@ -18,7 +18,7 @@ from resumable.core.errors import (
     LeaseLostError,
     ResumableError,
 )
-from resumable.keras import keras_io
+from resumable.keras import keras_io, torch_backend
 from resumable.keras.callback import CheckpointCallback, Witness
 from resumable.keras.interrupts import StopSignals
 from resumable.keras.positioning import rest_of_epoch
@@ -169,13 +169,17 @@ class Run:
                     _RunEpochs(epochs)]
                 histories.append(self.model.fit(
                     epochs=self.initial_epoch + 1, initial_epoch=self.initial_epoch,
-                    callbacks=[*callbacks, *headers], **partial,
+                    callbacks=[*callbacks, *headers, *torch_backend.continued_stream(True)], **partial,
                 ))
                 if self.callback.stopped_early or self.initial_epoch >= epochs:
                     return _merge(histories, self.model)
                 self.callback.carry_over()
+        # With steps_per_epoch, Keras reads one stream across epochs: a resumed fit starts it anew.
+        continued = (self.checkpoint is not None and self.initial_epoch > 0
+                     and bool(kwargs.get("steps_per_epoch")))
         histories.append(self.model.fit(
-            *args, epochs=epochs, initial_epoch=self.initial_epoch, callbacks=callbacks, **kwargs
+            *args, epochs=epochs, initial_epoch=self.initial_epoch,
+            callbacks=[*callbacks, *torch_backend.continued_stream(continued)], **kwargs,
         ))
         return _merge(histories, self.model)
 
