@@ -6,6 +6,10 @@ import subprocess
 import sys
 from importlib.metadata import requires
 
+import pytest
+
+pytestmark = pytest.mark.lanes
+
 
 def test_tensorflow_is_only_an_extra() -> None:
     # Colab's TPU runtimes ship without TensorFlow and installing it there breaks their JAX.

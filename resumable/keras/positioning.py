@@ -71,6 +71,9 @@ def rest_of_epoch(model: keras.Model, args: tuple[Any, ...], kwargs: dict[str, A
         total = steps or adapter.num_batches
         if total is not None and batch >= total:
             return f"the epoch has only {total} batches"
+        if batch_size is not None and rest.get("validation_batch_size") is None:
+            # fit validates in batches of batch_size; the rest of the epoch comes as batches, without it
+            rest["validation_batch_size"] = batch_size
         if backend == "tensorflow":
             import tensorflow as tf
 

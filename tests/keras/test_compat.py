@@ -14,8 +14,11 @@ import textwrap
 from collections.abc import Iterator
 from typing import Any
 
+import backends
 import numpy as np
 import pytest
+
+pytestmark = pytest.mark.lanes
 
 keras = pytest.importorskip("keras")
 
@@ -98,7 +101,8 @@ print("tensorflow imported:", "tensorflow" in sys.modules)
 """
 
 
-@pytest.mark.parametrize(("case", "imported"), [("present", False), ("gone", True)])
+@pytest.mark.parametrize(("case", "imported"), [
+    ("present", False), pytest.param("gone", True, marks=backends.needs_tensorflow)])
 def test_saving_on_jax_imports_tensorflow_only_without_the_internal(case: str, imported: bool) -> None:
     pytest.importorskip("jax")
     env = {**os.environ, "KERAS_BACKEND": "jax", "TF_CPP_MIN_LOG_LEVEL": "3"}

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import backends
 import numpy as np
 import pytest
 from fit_interrupts import InterruptAt
@@ -38,9 +39,7 @@ JOB = JOBS / "train_job.py"
 
 @pytest.fixture(autouse=True, scope="module")
 def deterministic_ops() -> None:
-    import tensorflow as tf
-
-    tf.config.experimental.enable_op_determinism()
+    backends.deterministic_ops()
 
 
 def make_model() -> Any:
@@ -137,9 +136,11 @@ def test_a_long_interval_saves_only_at_epoch_ends(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------- in-process resume
 
 
+@pytest.mark.lanes
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "data", ["arrays", "arrays-shuffled", "validation-split", "tf.data", "pydataset", "generator"])
+@pytest.mark.parametrize("data", ["arrays", "arrays-shuffled", "validation-split",
+                                  pytest.param("tf.data", marks=backends.needs_tensorflow),
+                                  "pydataset", "generator"])
 def test_interrupted_mid_epoch_resumes_at_the_batch_and_equals_uninterrupted(
     tmp_path: Path, data: str, capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -250,6 +251,7 @@ class SignalAt(keras.callbacks.Callback):
                 os.kill(os.getpid(), signal.SIGINT)
 
 
+@pytest.mark.lanes
 @pytest.mark.slow
 def test_ctrl_c_saves_at_the_batch_end_then_raises_and_puts_the_handler_back(
     tmp_path: Path, capsys: pytest.CaptureFixture[str],
@@ -333,7 +335,7 @@ def is_mid_epoch_commit(line: str) -> bool:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("where", ["local", "gcs"])
+@pytest.mark.parametrize("where", [pytest.param("local", marks=pytest.mark.lanes), "gcs"])
 def test_sigkill_between_mid_epoch_saves_resumes_at_the_batch_and_equals_uninterrupted(
     where: str, tmp_path: Path, uninterrupted: list[np.ndarray], request: pytest.FixtureRequest,
 ) -> None:

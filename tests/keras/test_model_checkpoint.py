@@ -36,6 +36,7 @@ def same_weights(a: Any, b: Any) -> bool:
     return all(np.array_equal(x, y) for x, y in zip(a.get_weights(), b.get_weights(), strict=True))
 
 
+@pytest.mark.lanes
 def test_arguments_are_keras_own_in_keras_order(tmp_path: Path) -> None:
     args = ("loss", 1, True, False, "min", 3, 0.5)
     cb = resumable.ModelCheckpoint(str(tmp_path / "m.keras"), *args)
@@ -57,6 +58,7 @@ def test_arguments_are_keras_own_in_keras_order(tmp_path: Path) -> None:
     assert "ModelCheckpoint mode 'unknown' is unknown" in str(caught[-1].message)
 
 
+@pytest.mark.lanes
 @pytest.mark.slow
 def test_files_appear_where_keras_puts_them_with_records(tmp_path: Path) -> None:
     model = make_model()
@@ -107,6 +109,7 @@ def test_article_hdf5_names_load_back(tmp_path: Path, weights_only: bool) -> Non
     assert same_weights(fresh, model)
 
 
+@pytest.mark.lanes
 @pytest.mark.slow
 def test_gcs_file_with_record_and_damage_detected(gcs_bucket: str, tmp_path: Path) -> None:
     model = make_model()
@@ -123,6 +126,7 @@ def test_gcs_file_with_record_and_damage_detected(gcs_bucket: str, tmp_path: Pat
         resumable.load_model(f"{gcs_bucket}/ckpt/model-2.keras")
 
 
+@pytest.mark.lanes
 @pytest.mark.slow
 def test_best_is_carried_across_sessions_with_resume(tmp_path: Path) -> None:
     best_file = tmp_path / "best.keras"

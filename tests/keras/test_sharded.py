@@ -67,6 +67,7 @@ def train(url: str, epochs: int, **options: Any) -> resumable.Run:
     return run
 
 
+@pytest.mark.lanes
 @pytest.mark.skipif(not SHARDS, reason="this Keras writes no shards (test_a_keras_that_cannot_shard...)")
 def test_weights_over_the_limit_go_to_shards_each_checked(tmp_path: Path) -> None:
     run = train(str(tmp_path / "run"), 2)
@@ -85,6 +86,7 @@ def test_weights_over_the_limit_go_to_shards_each_checked(tmp_path: Path) -> Non
     assert_same(plain, run.model)
 
 
+@pytest.mark.lanes
 @pytest.mark.skipif(SHARDS, reason="this Keras writes shards (test_weights_over_the_limit...)")
 def test_a_keras_that_cannot_shard_writes_one_file_that_plain_keras_reads(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -101,6 +103,7 @@ def test_a_keras_that_cannot_shard_writes_one_file_that_plain_keras_reads(
     assert_same(plain, run.model)
 
 
+@pytest.mark.lanes
 @pytest.mark.parametrize("reader", ["keras", "merged"])
 @pytest.mark.parametrize("with_build_model", [False, True])
 def test_a_sharded_checkpoint_resumes_exactly(tmp_path: Path, with_build_model: bool, reader: str,
@@ -119,6 +122,7 @@ def test_a_sharded_checkpoint_resumes_exactly(tmp_path: Path, with_build_model: 
     assert_same(resumed.model, straight.model)
 
 
+@pytest.mark.lanes
 def test_weights_only_shards_need_build_model(tmp_path: Path) -> None:
     run = train(str(tmp_path / "run"), 1, save_weights_only=True)
     (info,) = RunStorage(str(tmp_path / "run")).list()
@@ -138,6 +142,7 @@ def test_below_the_limit_one_model_keras_as_before(tmp_path: Path) -> None:
                    for f in info.manifest.files)
 
 
+@pytest.mark.lanes
 def test_a_damaged_shard_falls_back_to_the_older_checkpoint(tmp_path: Path) -> None:
     train(str(tmp_path / "run"), 2, keep_last=None)
     shard = tmp_path / "run" / "ckpt-000002" / "model_00001.weights.h5"
@@ -174,6 +179,7 @@ def forge_shard_map(folder: Path, text: bytes) -> None:
     (folder / "manifest.json").write_text(json.dumps(manifest))
 
 
+@pytest.mark.lanes
 @pytest.mark.parametrize(("names", "said"), [
     ("../../outside/precious.h5", "names '../../outside/precious.h5', which is no shard"),
     ("state.json", "names 'state.json', which is no shard"),
@@ -284,6 +290,7 @@ def test_a_shard_that_comes_down_damaged_falls_back_to_the_older_checkpoint(
 
 
 def test_jax_resumes_a_sharded_checkpoint_exactly(tmp_path: Path) -> None:
+    pytest.importorskip("jax")
     env = {**os.environ, "KERAS_BACKEND": "jax"}
     script = JOBS / "sharded_job.py"
     done = subprocess.run([sys.executable, str(script), str(tmp_path / "run")], env=env, capture_output=True,

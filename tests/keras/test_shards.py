@@ -11,6 +11,8 @@ import pytest
 
 from resumable.keras import shards
 
+pytestmark = pytest.mark.lanes
+
 LIMIT = 2**20
 
 
