@@ -120,8 +120,19 @@ def rest_of_epoch(model: keras.Model, args: tuple[Any, ...], kwargs: dict[str, A
                 next(x)
         except StopIteration:
             return "the generator ended before that batch"
+        if remaining:  # no more than the epoch's rest: JAX's fit reads batches ahead, which the next
+            x = _first(x, remaining)  # fit, reading on from the same generator, must get
         return {**rest, "x": x, "shuffle": False, **({"steps_per_epoch": remaining} if remaining else {})}
     return f"a {type(x).__name__} input cannot be positioned at a batch"
+
+
+def _first(batches: Iterator[Any], count: int) -> Iterator[Any]:
+    """The next ``count`` items of ``batches`` (fewer if it ends), as a generator: what Keras takes."""
+    for _ in range(count):
+        try:
+            yield next(batches)
+        except StopIteration:
+            return
 
 
 def _batches_arrays_in_order(model: keras.Model) -> bool:

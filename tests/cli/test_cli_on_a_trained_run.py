@@ -45,7 +45,8 @@ def command(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_list_inspect_verify_and_prune_a_run_trained_here(tmp_path: Path) -> None:
     url = str(tmp_path / "run")
-    run = resumable.resume(url, build_model=build, monitor="loss", keep_last=None)
+    # every epoch committed (in the background, a newer checkpoint may replace one still waiting)
+    run = resumable.resume(url, build_model=build, monitor="loss", keep_last=None, async_upload=False)
     run.fit(X, Y, epochs=4, batch_size=16, verbose=0)
 
     listed = command("list", url, "--json")
