@@ -184,8 +184,9 @@ def build(lane: Lane, wheel: Path, tools: list[str]) -> bool:
     installed = freeze(lane)
     changed = [line for line in changes(runtime, installed) if not line.startswith("added keras-resumable ")]
     (lane.venv / "install-changes.txt").write_text("".join(f"{line}\n" for line in changed))
-    say(f"{lane.name}: `pip install keras-resumable` " + (
-        "changed nothing else" if not changed else f"also: {'; '.join(changed)}"))
+    shown = "; ".join(changed) if len(changed) <= 8 else (
+        f"{'; '.join(changed[:8])}; ... ({len(changed)} in all: {lane.venv.name}/install-changes.txt)")
+    say(f"{lane.name}: `pip install keras-resumable` " + (f"also: {shown}" if changed else "changed nothing"))
     pinned = {_normalized(pin.split("==")[0]) for pin in lane.pins if "==" in pin}
     moved = [line for line in changed if not line.startswith("added ") and line.split()[1] in pinned
              and line.split()[1] not in {_normalized(n) for n in lane.may_change}]
