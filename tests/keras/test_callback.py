@@ -219,7 +219,7 @@ def test_mid_epoch_checkpoints_resume_from_the_epoch_start(tmp_path: Path) -> No
 def test_a_name_with_batch_saves_mid_epoch_as_keras_names_it(tmp_path: Path) -> None:
     """``{batch}`` is the batch within the epoch (Keras' ModelCheckpoint); it used to crash the first save."""
     url = str(tmp_path / "run")
-    run = resumable.resume(url, build_model=make_model, save_freq=4, keep_last=None,
+    run = resumable.resume(url, build_model=make_model, save_freq=4, keep_last=None, async_upload=False,
                            filename="e{epoch:02d}-b{batch:02d}")
     run.fit(X, Y, epochs=2, **FIT)
     names = [c.name for c in RunStorage(url, filename="e{epoch:02d}-b{batch:02d}").list() if c.ok]
@@ -342,7 +342,9 @@ def test_fit_of_a_resumed_model_without_initial_epoch_is_refused(tmp_path: Path)
 @pytest.mark.slow
 def test_a_damaged_newest_checkpoint_falls_back_with_a_warning(tmp_path: Path) -> None:
     url = str(tmp_path / "run")
-    resumable.resume(url, build_model=make_model, keep_last=None).fit(X, Y, epochs=3, **FIT)
+    # async_upload=False: every epoch committed (in the background a newer one may replace one waiting)
+    first = resumable.resume(url, build_model=make_model, keep_last=None, async_upload=False)
+    first.fit(X, Y, epochs=3, **FIT)
     model_file = tmp_path / "run" / "ckpt-000003" / "model.keras"
     data = bytearray(model_file.read_bytes())
     data[len(data) // 2] ^= 0xFF  # same size: only the checksum can tell
