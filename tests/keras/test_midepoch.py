@@ -238,6 +238,18 @@ def test_an_interrupt_saves_unless_that_step_is_saved(
     assert [c.step for c in RunStorage(url).list()] == steps
 
 
+@pytest.fixture
+def ctrl_c_as_in_a_notebook() -> Iterator[None]:
+    """SIGINT raising KeyboardInterrupt, as in a notebook or a terminal, even where this test process
+    was started with SIGINT ignored (a background job of a non-interactive shell: resumable then
+    leaves it ignored, on purpose)."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
 class SignalAt(keras.callbacks.Callback):
     """Send this process SIGINT ``times`` times after batch ``batch`` (1-based) of the first epoch."""
 
@@ -254,7 +266,7 @@ class SignalAt(keras.callbacks.Callback):
 @pytest.mark.lanes
 @pytest.mark.slow
 def test_ctrl_c_saves_at_the_batch_end_then_raises_and_puts_the_handler_back(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], ctrl_c_as_in_a_notebook: None,
 ) -> None:
     url = str(tmp_path / "run")
     before = signal.getsignal(signal.SIGINT)
@@ -272,7 +284,7 @@ def test_ctrl_c_saves_at_the_batch_end_then_raises_and_puts_the_handler_back(
 
 
 @pytest.mark.slow
-def test_a_second_ctrl_c_stops_at_once_without_saving(tmp_path: Path) -> None:
+def test_a_second_ctrl_c_stops_at_once_without_saving(tmp_path: Path, ctrl_c_as_in_a_notebook: None) -> None:
     url = str(tmp_path / "run")
     run = resumable.resume(url, build_model=make_model)
     with pytest.raises(KeyboardInterrupt):
