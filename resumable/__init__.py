@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from resumable._keras_floor import warn_if_too_old
 from resumable._version import __version__
 from resumable.core.errors import (
     CheckpointExistsError,
@@ -30,6 +31,8 @@ from resumable.core.errors import (
 from resumable.core.manifest import Manifest
 from resumable.storage import CheckpointInfo, RunStorage, Status
 from resumable.storage.retry import RetryPolicy
+
+warn_if_too_old()
 
 if TYPE_CHECKING:
     from resumable.keras.backup_and_restore import BackupAndRestore

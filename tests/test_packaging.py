@@ -6,6 +6,10 @@ import subprocess
 import sys
 from importlib.metadata import requires
 
+import pytest
+
+pytestmark = pytest.mark.lanes
+
 
 def test_tensorflow_is_only_an_extra() -> None:
     # Colab's TPU runtimes ship without TensorFlow and installing it there breaks their JAX.
@@ -23,3 +27,34 @@ def test_storage_and_cli_do_not_import_tensorflow_or_keras() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+def test_the_keras_floor_is_the_oldest_lane_and_the_requirement() -> None:
+    import re
+
+    import pytest
+    from paths import ROOT
+
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    from resumable._keras_floor import OLDEST_KERAS
+
+    floor = ".".join(map(str, OLDEST_KERAS))
+    assert f"keras>={floor}" in [r.replace(" ", "") for r in requires("keras-resumable") or []]
+    lanes = tomllib.loads((ROOT / "requirements" / "lanes.toml").read_text())["lanes"].values()
+    pinned = [re.fullmatch(r"keras==(\d+)\.(\d+)\.\d+", pin) for lane in lanes for pin in lane["pins"]]
+    assert min((int(m[1]), int(m[2])) for m in pinned if m) == OLDEST_KERAS
+
+
+def test_a_keras_below_the_floor_is_one_line_at_import() -> None:
+    from resumable._keras_floor import too_old
+
+    message = too_old("3.5.0")
+    assert message is not None and "3.5.0" in message and "3.8" in message and "\n" not in message
+    assert too_old("3.8.0") is None and too_old("3.15.1") is None and too_old("unknown") is None
+    code = ("import importlib.metadata as m\n"
+            "real = m.version\n"
+            "m.version = lambda name: '3.5.0' if name == 'keras' else real(name)\n"
+            "import resumable\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stderr.strip().splitlines() == [too_old("3.5.0")]

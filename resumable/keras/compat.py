@@ -1,9 +1,28 @@
 """The Keras internals resumable relies on, reached from here only.
 
-Keras exports no API for these: its lazy TensorFlow import check, its global SeedGenerator,
-its array data adapter and the fit loop's `keras.callbacks.CallbackList`. Each is probed once;
-when a Keras version lacks it, the function falls back to what plain Keras does (and says so
-once, naming the Keras version), so an upgrade costs exactness or speed, never a crash.
+Keras exports no API for these. Each is probed once per process; when a Keras version lacks it
+or it does not behave as resumable needs, resumable falls back to Keras' public API or to what
+plain Keras does, and says so once in one line naming the Keras version: an unknown Keras
+costs exactness or speed, never a save or a resume. What is reached, by section:
+
+- TensorFlow import: ``keras.src.utils.module_utils.tensorflow._available``.
+- Global seed generator: ``keras.src.backend.common.global_state.get_global_attribute``,
+  ``keras.src.random.seed_generator.global_seed_generator`` (and ``GLOBAL_SEED_GENERATOR``).
+- Array data adapter (mid-epoch positioning): ``keras.src.trainers.data_adapters``'
+  ``array_data_adapter.ArrayDataAdapter`` (its ``get_tf_dataset``, ``get_numpy_iterator``,
+  ``get_torch_dataloader``), ``can_convert_arrays``, ``array_slicing.train_validation_split``.
+- fit's callbacks: the ``keras.callbacks.CallbackList`` in ``fit``'s frame; ``Model._initial_epoch``.
+- Drop-in ModelCheckpoint: ``keras.callbacks.ModelCheckpoint._save_model``,
+  ``_get_file_path``, ``_should_save_model`` (Keras 3.10+; before, its decision is made here as
+  those versions make it), ``monitor_op``, ``best`` (their parameters are checked).
+- Trainable-only and LoRA: ``Layer._layers``, ``_flatten_layers``, ``_trainable_variables``,
+  ``_non_trainable_variables``.
+- Saving in the background and fast loads (``keras.src.saving``): ``saving_lib._save_state``,
+  ``_load_state``, ``_raise_loading_failure``, ``_serialize_model_as_json``,
+  ``_model_from_config``, ``H5IOStore`` (``make``, ``__setitem__``, an entry object from
+  ``make`` in Keras 3.8 and 3.9), ``ShardedH5IOStore`` (``_get_h5_file``), ``DiskIOStore``,
+  ``keras_saveable.KerasSaveable`` (the probes' saveable). Probed by round trips of a tiny
+  saveable (`snapshots_work`, `sharding_works`, `_loading_works`), not by names alone.
 """
 
 from __future__ import annotations
@@ -18,6 +37,7 @@ from types import ModuleType
 from typing import Any, NamedTuple
 
 import keras
+import numpy as np
 
 logger = logging.getLogger("resumable")
 
@@ -222,22 +242,26 @@ def running_fit_input(callback: keras.callbacks.Callback) -> Any:
 # ----------------------------------------------------------------------------- drop-in callbacks
 
 # What resumable.ModelCheckpoint overrides or calls of keras.callbacks.ModelCheckpoint, with the
-# parameters each must take.
+# parameters each must take. `_should_save_model` is Keras 3.10's: before, `_save_model` decided inline.
 _MODEL_CHECKPOINT_METHODS = {
     "_save_model": ("epoch", "batch", "logs"),
     "_should_save_model": ("epoch", "batch", "logs", "filepath"),
     "_get_file_path": ("epoch", "batch", "logs"),
 }
+_OPTIONAL_METHODS = ("_should_save_model",)
 
 
 @functools.cache
 def model_checkpoint_internals() -> str | None:
     """None when ``keras.callbacks.ModelCheckpoint`` has the private methods resumable.ModelCheckpoint
-    overrides (``_save_model``) and calls (``_should_save_model``, ``_get_file_path``), with their
-    parameters; else one line naming the Keras version and what is missing."""
+    overrides (``_save_model``) and calls (``_get_file_path``; ``_should_save_model`` where it
+    exists, see `should_save_model`), with their parameters; else one line naming the Keras
+    version and what is missing."""
     base = keras.callbacks.ModelCheckpoint
     for name, params in _MODEL_CHECKPOINT_METHODS.items():
         method = getattr(base, name, None)
+        if method is None and name in _OPTIONAL_METHODS:
+            continue
         try:
             found = tuple(inspect.signature(method).parameters)[1:] if method is not None else None
         except (TypeError, ValueError):
@@ -246,6 +270,43 @@ def model_checkpoint_internals() -> str | None:
             return unsupported(f"keras.callbacks.ModelCheckpoint.{name}{params}") + (
                 "; use keras.callbacks.ModelCheckpoint, or a Keras version resumable supports")
     return None
+
+
+def should_save_model(callback: keras.callbacks.ModelCheckpoint, epoch: int, batch: int | None,
+                      logs: dict[str, Any] | None, filepath: str) -> bool:
+    """Whether Keras' ModelCheckpoint would save now (printing and warning as it does; the new
+    best kept in ``callback.best``): its ``_should_save_model`` (Keras 3.10+); on Keras 3.8 and
+    3.9, which decide inside ``_save_model``, the decision those versions make there."""
+    if getattr(keras.callbacks.ModelCheckpoint, "_should_save_model", None) is not None:
+        return bool(callback._should_save_model(epoch, batch, logs, filepath))
+    return _decided_as_keras_3_8(callback, epoch, logs or {}, filepath)
+
+
+def _decided_as_keras_3_8(callback: keras.callbacks.ModelCheckpoint, epoch: int, logs: dict[str, Any],
+                          filepath: str) -> bool:
+    """Keras 3.8's and 3.9's save decision: without a monitored value, skip (3.10 saves); a
+    value that is no scalar, save as if not save_best_only; else save on an improvement."""
+    import warnings
+
+    say = keras.utils.io_utils.print_msg if callback.verbose > 0 else (lambda message: None)
+    if not callback.save_best_only:
+        say(f"\nEpoch {epoch + 1}: saving model to {filepath}")
+        return True
+    current = logs.get(callback.monitor)
+    if current is None:
+        warnings.warn(f"Can save best model only with {callback.monitor} available, skipping.", stacklevel=4)
+        return False
+    if (isinstance(current, np.ndarray) or keras.ops.is_tensor(current)) and len(current.shape) > 0:
+        warnings.warn("Can save best model only when `monitor` is a scalar value. Received: "
+                      f"{current}. Falling back to `save_best_only=False`.", stacklevel=4)
+        return True
+    if callback.monitor_op(current, callback.best):
+        say(f"\nEpoch {epoch + 1}: {callback.monitor} improved from {callback.best:.5f} to {current:.5f}, "
+            f"saving model to {filepath}")
+        callback.best = current
+        return True
+    say(f"\nEpoch {epoch + 1}: {callback.monitor} did not improve from {callback.best:.5f}")
+    return False
 
 
 def set_fit_initial_epoch(model: keras.Model, epoch: int | None) -> None:
@@ -344,12 +405,12 @@ def _saving_lib() -> ModuleType | None:
         from keras.src.saving import saving_lib
 
         # Read now what the snapshot and its writer use: AttributeError here, not mid-training.
-        _ = (saving_lib._save_state, saving_lib.H5IOStore, saving_lib.DiskIOStore,
+        _ = (saving_lib._save_state, saving_lib._load_state, saving_lib.H5IOStore, saving_lib.DiskIOStore,
              saving_lib._serialize_model_as_json)
         return saving_lib
     except Exception:  # noqa: BLE001 - moved or renamed in this Keras version
-        logger.warning("%s; checkpoints are serialized while training waits",
-                       unsupported("keras.src.saving.saving_lib (_save_state, H5IOStore)"))
+        _warn_once(unsupported("keras.src.saving.saving_lib (_save_state, _load_state, H5IOStore)")
+                   + "; checkpoints are saved with model.save while training waits")
         return None
 
 
@@ -360,28 +421,14 @@ def saved_values(model: keras.Model, copy: Any, assets_dir: str | None) -> list[
     ``copy(value)`` of each value instead of writing it, so `write_weights` later writes the
     same file in another thread while training goes on. Assets (vocabularies and the like)
     go to ``assets_dir`` now, when given (``model.save``; ``save_weights`` writes none).
-    None when this Keras lacks those internals: the caller saves the usual way.
+    None when this Keras lacks those internals, or they do not behave as `snapshots_work`
+    expects, or they fail on this model: the caller saves the usual way (``model.save``).
     """
     saving_lib = _saving_lib()
-    if saving_lib is None:
+    if saving_lib is None or not snapshots_work():
         return None
-
-    class Recorder(saving_lib.H5IOStore):  # type: ignore[name-defined]  # _save_state checks the type
-        def __init__(self) -> None:  # no file: nothing of H5IOStore's own state is used
-            self.values: list[SavedValue] = []
-            self._entry: tuple[str, dict[str, Any] | None] = ("", None)
-
-        def __bool__(self) -> bool:
-            return True
-
-        def make(self, path: str, metadata: dict[str, Any] | None = None) -> Recorder:
-            self._entry = (path, metadata)
-            return self
-
-        def __setitem__(self, key: str, value: Any) -> None:
-            self.values.append(SavedValue(*self._entry, key, copy(value)))
-
-    recorder = Recorder()
+    recorder = _recorder(saving_lib)
+    recorder.copy = copy
     assets = saving_lib.DiskIOStore("assets", mode="w") if assets_dir is not None else None
     try:
         with _optimizers_hand_over_variables(model):
@@ -391,10 +438,47 @@ def saved_values(model: keras.Model, copy: Any, assets_dir: str | None) -> list[
             import shutil
 
             shutil.copytree(assets.working_dir, assets_dir, dirs_exist_ok=True)
+    except Exception as e:  # noqa: BLE001 - model.save, the fallback, raises the model's own errors
+        _snapshots_failed(f"{type(e).__name__}: {e}")
+        return None
     finally:
         if assets is not None:
             assets.close()
     return recorder.values
+
+
+def _recorder(saving_lib: ModuleType) -> Any:
+    """A store for ``_save_state`` that records host copies instead of writing (an H5IOStore by
+    type: Keras 3.14+ checks it). ``make`` returns the store itself, as Keras 3.10+ does; Keras
+    3.8 and 3.9 return an entry object, which the traversal uses the same way."""
+
+    class Recorder(saving_lib.H5IOStore):  # type: ignore[name-defined]
+        def __init__(self) -> None:  # no file: nothing of H5IOStore's own state is used
+            self.values: list[SavedValue] = []
+            self._entry: tuple[str, dict[str, Any] | None] = ("", None)
+            self.copy: Callable[[Any], Any] = np.array
+
+        def __bool__(self) -> bool:
+            return True
+
+        def make(self, path: str, metadata: dict[str, Any] | None = None) -> Recorder:
+            self._entry = (path, metadata)
+            return self
+
+        def __setitem__(self, key: str, value: Any) -> None:
+            self.values.append(SavedValue(*self._entry, key, self.copy(value)))
+
+    return Recorder()
+
+
+_snapshot_failure: list[str] = []  # set once a snapshot failed on a real model: never tried again
+
+
+def _snapshots_failed(why: str) -> None:
+    if not _snapshot_failure:
+        _snapshot_failure.append(why)
+        _warn_once(f"resumable: a snapshot of the model failed in Keras {keras.__version__} ({why}); "
+                   "checkpoints are saved with model.save while training waits")
 
 
 @contextlib.contextmanager
@@ -424,36 +508,6 @@ def _optimizers_hand_over_variables(model: keras.Model) -> Iterator[None]:
             del o.save_own_variables
 
 
-@functools.cache
-def _sharded_store() -> Any:
-    """Keras' ``ShardedH5IOStore`` (Keras 3.11+); None, said once, when this Keras lacks it."""
-    saving_lib = _saving_lib()
-    store = getattr(saving_lib, "ShardedH5IOStore", None) if saving_lib is not None else None
-    if store is None:
-        logger.warning("%s; big checkpoints are written as one file",
-                       unsupported("keras.src.saving.saving_lib.ShardedH5IOStore"))
-    return store
-
-
-def can_shard() -> bool:
-    """Whether this Keras writes and reads sharded weights (``model.weights.json`` and its shards)."""
-    return _sharded_store() is not None
-
-
-def write_sharded_weights(values: list[SavedValue], path: str, max_shard_size: float) -> None:
-    """Write `saved_values` as Keras' sharded weights: ``path`` (a ``.weights.json`` map) and its
-    ``*_00000.weights.h5`` shards of at most ``max_shard_size`` GiB each, as
-    ``model.save_weights(path, max_shard_size=...)`` writes them; ``model.load_weights(path)`` reads them."""
-    sharded = _stores()[1]
-    assert sharded is not None  # the caller asked can_shard()
-    _fill(sharded(path, max_shard_size, mode="w"), values)
-
-
-def write_weights(values: list[SavedValue], path: str) -> None:
-    """Write `saved_values` as the ``.weights.h5`` file Keras would have written, with its store."""
-    _fill(_stores()[0](path, mode="w"), values)
-
-
 class _HostView:
     """A snapshot's value as handed to Keras' store: ``np.array`` of it is the value itself.
 
@@ -472,74 +526,263 @@ class _HostView:
         return self.array if dtype is None else self.array.astype(dtype, copy=False)
 
 
-@functools.cache
-def _stores() -> tuple[type, type | None]:
-    """Keras' ``H5IOStore`` and ``ShardedH5IOStore`` (None if this Keras has none), taking values
-    as `_HostView`. The sharded store's own ``__setitem__`` converts, then calls its base's:
-    the class between them wraps the converted value again."""
+def write_weights(values: list[SavedValue], path: str) -> None:
+    """Write `saved_values` as the ``.weights.h5`` file Keras would have written, with its store."""
     saving_lib = _saving_lib()
     assert saving_lib is not None  # saved_values returned values
+    _fill(saving_lib.H5IOStore(path, mode="w"), values)
+
+
+def write_sharded_weights(values: list[SavedValue], path: str, max_shard_size: float) -> None:
+    """Write `saved_values` as Keras' sharded weights: ``path`` (a ``.weights.json`` map) and its
+    ``*_00000.weights.h5`` shards of at most ``max_shard_size`` GiB each, as
+    ``model.save_weights(path, max_shard_size=...)`` writes them; ``model.load_weights(path)`` reads them."""
+    sharded = _uncopied_sharded_store()
+    assert sharded is not None  # the caller asked can_shard()
+    _fill(sharded(path, max_shard_size, mode="w"), values)
+
+
+@functools.cache
+def _sharded_store() -> Any:
+    """Keras' ``ShardedH5IOStore`` (Keras 3.10+); None when this Keras lacks it."""
+    saving_lib = _saving_lib()
+    return getattr(saving_lib, "ShardedH5IOStore", None) if saving_lib is not None else None
+
+
+@functools.cache
+def _uncopied_sharded_store() -> type | None:
+    """Keras' ``ShardedH5IOStore`` taking values as `_HostView`: its own ``__setitem__`` converts
+    (to size the value), then calls H5IOStore's, which converts again; the class between
+    them wraps the converted value again, so neither conversion copies."""
+    sharded = _sharded_store()
+    saving_lib = _saving_lib()
+    if sharded is None or saving_lib is None:
+        return None
 
     class Uncopied(saving_lib.H5IOStore):  # type: ignore[name-defined]
         def __setitem__(self, key: str, value: Any) -> None:
             super().__setitem__(key, value if isinstance(value, _HostView) else _HostView(value))
 
-    sharded = _sharded_store()
-    if sharded is None:
-        return Uncopied, None
-
     class ShardedUncopied(sharded, Uncopied):  # type: ignore[misc, valid-type]
         pass
 
-    return Uncopied, ShardedUncopied
+    return ShardedUncopied
 
 
 def _fill(store: Any, values: list[SavedValue]) -> None:
     try:
-        entry: tuple[str, dict[str, Any] | None] | None = None
+        entry: Any = None
+        group: tuple[str, dict[str, Any] | None] | None = None
         for value in values:
-            if entry != (value.path, value.metadata):
-                entry = (value.path, value.metadata)
-                store.make(value.path, metadata=value.metadata)
-            store[value.key] = _HostView(value.value)
+            if group != (value.path, value.metadata):
+                group = (value.path, value.metadata)
+                entry = store.make(value.path, metadata=value.metadata)  # Keras 3.8, 3.9: an entry
+            entry[value.key] = _HostView(value.value)
     finally:
         store.close()
+
+
+def can_shard() -> bool:
+    """Whether checkpoints may be written as Keras' sharded weights here: this Keras has
+    ``ShardedH5IOStore`` and what it writes reads back (`sharding_works`). Asked when a
+    checkpoint is over ``max_shard_size``; a Keras without it (3.8, 3.9) is said once."""
+    if _sharded_store() is None:
+        _warn_once(unsupported("keras.src.saving.saving_lib.ShardedH5IOStore")
+                   + "; big checkpoints are written as one file")
+        return False
+    return snapshots_work() and sharding_works()
+
+
+# ----------------------------------------------------------------------------- behaviour, probed once
+
+
+def _differs(what: str, detail: str) -> str:
+    """One line: this Keras' ``what`` does not behave as resumable needs, and how."""
+    return f"resumable: {what} in Keras {keras.__version__} does not behave as resumable needs ({detail})"
+
+
+def _probe_class() -> Any:
+    """A KerasSaveable holding plain arrays (float32 and bfloat16) in its own group and in a
+    named child's: what ``_save_state`` and ``_load_state`` walk in a model, with no variables,
+    no layer names taken and no random draws, so probing changes nothing of the user's session."""
+    import ml_dtypes
+    from keras.src.saving.keras_saveable import KerasSaveable
+
+    class Probe(KerasSaveable):
+        def __init__(self, name: str, held: list[np.ndarray], inner: Any = None) -> None:
+            self.name = name
+            self.held = held
+            self.inner = inner
+
+        def _obj_type(self) -> str:
+            return "Loss"  # one Keras knows; a Loss has none of the probe's attributes but `name`
+
+        def save_own_variables(self, store: Any) -> None:
+            for i, value in enumerate(self.held):
+                store[str(i)] = value
+
+        def load_own_variables(self, store: Any) -> None:
+            if len(store.keys()) != len(self.held):
+                raise ValueError(f"{len(store.keys())} values read, {len(self.held)} written")
+            self.held = [np.array(store[str(i)]) for i in range(len(self.held))]
+
+        @classmethod
+        def pair(cls, fill: float | None = None) -> Any:
+            """Two groups: 3 values of 64 bytes in the root (shards of 100 bytes split it), 1 in ``inner``."""
+            def value(i: int, dtype: Any = np.float32) -> np.ndarray:
+                return np.full(16 if dtype == np.float32 else 32, i + 0.5 if fill is None else fill, dtype)
+            root = [value(0), value(1), value(2, ml_dtypes.bfloat16)]
+            return cls("resumable_probe", root, cls("resumable_probe_inner", [value(3)]))
+
+        def same(self, other: Any) -> bool:
+            mine, theirs = [*self.held, *self.inner.held], [*other.held, *other.inner.held]
+            return len(mine) == len(theirs) and all(
+                a.dtype == b.dtype and a.tobytes() == b.tobytes() for a, b in zip(mine, theirs, strict=True))
+
+    return Probe
+
+
+def _read_back(saving_lib: ModuleType, store: Any) -> Any:
+    """A probe pair loaded from ``store`` by Keras' ``_load_state`` (raising as Keras does)."""
+    loaded = _probe_class().pair(fill=0.0)
+    _load_into(saving_lib, loaded, store, None)
+    return loaded
+
+
+def _probe(what: str, then: str, check: Callable[[ModuleType, Path], str | None]) -> bool:
+    """Run ``check`` once in a temporary folder: True when it finds nothing wrong; otherwise
+    say once, naming the Keras version, what falls back to what."""
+    saving_lib = _saving_lib()
+    if saving_lib is None:
+        return False
+    import tempfile
+
+    try:
+        with tempfile.TemporaryDirectory(prefix="resumable-probe-") as folder:
+            problem = check(saving_lib, Path(folder))
+    except Exception as e:  # noqa: BLE001 - anything unexpected is what the probe looks for
+        problem = f"{type(e).__name__}: {e}"
+    if problem is None:
+        return True
+    problem = " ".join(problem.split())  # Keras' messages span lines: one line, and short
+    _warn_once(f"{_differs(what, problem if len(problem) <= 200 else problem[:197] + '...')}; {then}")
+    return False
+
+
+@functools.cache
+def snapshots_work() -> bool:
+    """Whether snapshots (`saved_values`, then `write_weights`) give files Keras reads: a probe's
+    values recorded by ``_save_state``, written, then read by Keras' own ``H5IOStore`` and
+    ``_load_state`` (what ``load_weights`` does) come back equal. Once per process; when not,
+    checkpoints are saved with ``model.save`` while training waits (said once)."""
+
+    def check(saving_lib: ModuleType, folder: Path) -> str | None:
+        written = _probe_class().pair()
+        recorder = _recorder(saving_lib)
+        saving_lib._save_state(written, weights_store=recorder, assets_store=None, inner_path="",
+                               visited_saveables=set())
+        write_weights(recorder.values, str(folder / "probe.weights.h5"))
+        loaded = _read_back(saving_lib, saving_lib.H5IOStore(str(folder / "probe.weights.h5"), mode="r"))
+        return None if written.same(loaded) else "values written by a snapshot read back different"
+
+    return _probe("saving_lib's _save_state and H5IOStore", "checkpoints are saved with model.save while "
+                  "training waits", check)
+
+
+@functools.cache
+def sharding_works() -> bool:
+    """Whether sharded weights written with Keras' ``ShardedH5IOStore`` read back: a probe whose
+    groups span three shards, written by `write_sharded_weights`, then read both by Keras'
+    own ``ShardedH5IOStore`` and by `load_sharded_weights`' store, comes back equal. Keras 3.10's
+    does not (a group's later shards are missing from its map): big checkpoints are then
+    written as one file (said once), and sharded ones written elsewhere are still read."""
+    if _sharded_store() is None:
+        return False
+
+    def check(saving_lib: ModuleType, folder: Path) -> str | None:
+        written = _probe_class().pair()
+        recorder = _recorder(saving_lib)
+        saving_lib._save_state(written, weights_store=recorder, assets_store=None, inner_path="",
+                               visited_saveables=set())
+        path = str(folder / "probe.weights.json")
+        write_sharded_weights(recorder.values, path, 100 / 2**30)  # 64-byte values: one per shard
+        if len(list(folder.glob("probe_*.weights.h5"))) < 3:
+            return "values over max_shard_size were not split into shards"
+        for store in (_sharded_store()(path, mode="r"), _waiting_store(lambda name: None)(path, mode="r")):
+            if not written.same(_read_back(saving_lib, store)):
+                return "sharded weights read back different"
+        return None
+
+    return _probe("saving_lib.ShardedH5IOStore", "big checkpoints are written as one file", check)
+
+
+@functools.cache
+def _loading_works() -> bool:
+    """Whether Keras' ``H5IOStore`` reads a file object and ``_load_state`` loads from it, as the
+    fast loads (`load_weights_from`, `load_keras_archive`) need: a probe written by Keras' own
+    store, read from a BytesIO, comes back equal. When not, ``load_weights``/``load_model`` load."""
+
+    def check(saving_lib: ModuleType, folder: Path) -> str | None:
+        import io
+
+        written = _probe_class().pair()
+        path = str(folder / "probe.weights.h5")
+        store = saving_lib.H5IOStore(path, mode="w")
+        try:
+            saving_lib._save_state(written, weights_store=store, assets_store=None, inner_path="",
+                                   visited_saveables=set())
+        finally:
+            store.close()
+        data = io.BytesIO(Path(path).read_bytes())
+        if not written.same(_read_back(saving_lib, saving_lib.H5IOStore(data, mode="r"))):
+            return "weights read from a file object come back different"
+        parameters = tuple(inspect.signature(saving_lib._model_from_config).parameters)
+        if parameters[:4] != ("config_json", "custom_objects", "compile", "safe_mode"):
+            return f"_model_from_config takes {parameters}"
+        return None
+
+    return _probe("saving_lib's H5IOStore on a file object and _load_state",
+                  "checkpoints are loaded with load_weights and load_model", check)
+
+
+# ----------------------------------------------------------------------------- loading, fast
 
 
 def load_weights_from(model: keras.Model, file: Any) -> bool:
     """``model.load_weights`` of a ``.weights.h5`` given as a file object (a BytesIO, as Keras'
     store requires: `zip_member.MemberWindow`), as ``load_weights`` reads a path: Keras'
     ``H5IOStore`` and ``_load_state``. False, having loaded nothing, when this Keras lacks
-    them: the caller reads a path instead. Raises ValueError as ``load_weights`` does."""
+    them or they misbehave: the caller reads a path instead. Raises ValueError as ``load_weights`` does."""
     saving_lib = _saving_lib()
-    if saving_lib is None or not _can_load_state(saving_lib):
+    if saving_lib is None or not _loading_works():
         return False
     _load_into(saving_lib, model, saving_lib.H5IOStore(file, mode="r"), None)
     return True
 
 
-def load_sharded_weights(model: keras.Model, weights: str, landed: Callable[[str], object]) -> None:
+def load_sharded_weights(model: keras.Model, weights: str, landed: Callable[[str], object]) -> bool:
     """``model.load_weights`` of sharded weights (``weights``: the ``.weights.json`` map), a shard
-    at a time, each opened once ``landed(file name)`` returns: the next may still be coming."""
+    at a time, each opened once ``landed(file name)`` returns: the next may still be coming.
+    False, having loaded nothing, on a Keras whose sharded store is missing or misbehaves
+    (`sharding_works`): the caller merges the shards into one file for ``load_weights``."""
     saving_lib = _saving_lib()
-    if saving_lib is None or _sharded_store() is None or not _can_load_state(saving_lib):
-        raise ValueError(unsupported("keras.src.saving.saving_lib's ShardedH5IOStore and _load_state")
-                         + " to read sharded weights")
+    if saving_lib is None or not sharding_works() or not _loading_works():
+        return False
     _load_into(saving_lib, model, _waiting_store(landed)(weights, mode="r"), None)
+    return True
 
 
 def load_unzipped_model(config: str, weights: str, assets: str | None,
-                        landed: Callable[[str], object]) -> keras.Model:
+                        landed: Callable[[str], object]) -> keras.Model | None:
     """The model of an unzipped ``.keras`` whose weights are sharded: what ``keras.saving.load_model``
     does for a folder, reading the weights a shard at a time as `load_sharded_weights` does
     (Keras' own folder loader knows only one ``model.weights.h5``). ``config``: config.json's
     text; ``weights``: the ``.weights.json`` map; ``assets``: the assets folder, if any.
-    Raises ValueError as Keras does."""
+    None, having loaded nothing, where `load_sharded_weights` returns False. Raises ValueError as
+    Keras does."""
     saving_lib = _saving_lib()
-    if saving_lib is None or _sharded_store() is None or not _can_load_state(saving_lib) or not hasattr(
-            saving_lib, "_model_from_config"):
-        raise ValueError(unsupported("keras.src.saving.saving_lib's folder loading (_model_from_config)")
-                         + " to read sharded weights")
+    if saving_lib is None or not sharding_works() or not _loading_works():
+        return None
     model = saving_lib._model_from_config(config, None, True, True)
     assets_store = saving_lib.DiskIOStore(assets, mode="r") if assets is not None else None
     _load_into(saving_lib, model, _waiting_store(landed)(weights, mode="r"), assets_store)
@@ -551,9 +794,9 @@ def load_keras_archive(archive: Any, weights: Any) -> keras.Model | None:
     object ``weights`` (`zip_member.MemberWindow`: in place, where Keras reads the whole member
     into memory first): the model from ``config.json``, compiled, its weights, optimizer state
     and assets loaded as Keras does. None, having loaded nothing, when this Keras lacks the
-    internals: the caller uses ``load_model``. Raises ValueError as Keras does."""
+    internals or they misbehave: the caller uses ``load_model``. Raises ValueError as Keras does."""
     saving_lib = _saving_lib()
-    if saving_lib is None or not _can_load_state(saving_lib) or not hasattr(saving_lib, "_model_from_config"):
+    if saving_lib is None or not _loading_works():
         return None
     model = saving_lib._model_from_config(archive.read("config.json").decode(), None, True, True)
     has_assets = len(archive.namelist()) > 3  # as Keras: anything beyond metadata, config and weights
@@ -562,29 +805,28 @@ def load_keras_archive(archive: Any, weights: Any) -> keras.Model | None:
     return model
 
 
-def _can_load_state(saving_lib: ModuleType) -> bool:
-    return all(hasattr(saving_lib, name) for name in ("_load_state", "_raise_loading_failure"))
-
-
 def _waiting_store(landed: Callable[[str], object]) -> type:
-    """Keras' ``ShardedH5IOStore``, opening each shard (``_get_h5_file``) once it has landed."""
+    """Keras' ``ShardedH5IOStore``, opening each shard (``_get_h5_file``) once it has landed. A
+    shard that cannot be opened (missing, not HDF5) is kept as ``arrival_error``: Keras' loader
+    may fold it into "could not be loaded" (3.13) or let it through (3.15); `_load_into`
+    raises it either way."""
     sharded = _sharded_store()
 
     class Waiting(sharded):  # type: ignore[misc, valid-type]
-        arrival_error: BaseException | None = None  # Keras' loader turns it into "could not be loaded"
+        arrival_error: BaseException | None = None
 
-        def _get_h5_file(self, path_or_io: Any, mode: str | None = None) -> Any:
+        def _get_h5_file(self, path_or_io: Any, *args: Any, **kwargs: Any) -> Any:
             try:
                 landed(Path(str(path_or_io)).name)
+                return super()._get_h5_file(path_or_io, *args, **kwargs)  # mode= from Keras 3.11
             except BaseException as e:
                 self.arrival_error = e
                 raise
-            return super()._get_h5_file(path_or_io, mode=mode)
 
     return Waiting
 
 
-def _load_into(saving_lib: ModuleType, model: keras.Model, weights_store: Any, assets_store: Any) -> None:
+def _load_into(saving_lib: ModuleType, model: Any, weights_store: Any, assets_store: Any) -> None:
     """Keras' ``_load_state`` of the stores into ``model`` (closed after), failures raised as Keras does."""
     failed: set[int] = set()
     errors: dict[int, Any] = {}
@@ -659,9 +901,11 @@ def write_legacy_weights(model: keras.Model, file: Any) -> None:
         legacy.save_optimizer_weights_to_hdf5_group(file, optimizer)
 
 
-
-__all__ = ["TENSORBOARD_COUNTERS", "ArrayAdapters", "array_adapters", "build_for_fit",
-           "can_write_legacy_weights", "compile_config_kept", "flush_tensorboard", "global_seed_generator",
-           "lora_layer_variables", "model_checkpoint_internals", "running_fit_callbacks",
-           "running_fit_input", "set_fit_initial_epoch", "tensorflow_unavailable",
-           "trained_non_trainable_variables", "unsupported", "write_legacy_weights"]
+__all__ = ["array_adapters", "ArrayAdapters", "build_for_fit", "can_shard", "can_write_legacy_weights",
+           "compile_config_kept", "flush_tensorboard", "global_seed_generator", "load_keras_archive",
+           "load_sharded_weights", "load_unzipped_model", "load_weights_from", "lora_layer_variables",
+           "model_checkpoint_internals", "model_json", "running_fit_callbacks", "running_fit_input",
+           "saved_values", "SavedValue", "set_fit_initial_epoch", "sharding_works", "should_save_model",
+           "snapshots_work", "TENSORBOARD_COUNTERS", "tensorflow_unavailable",
+           "trained_non_trainable_variables", "unsupported", "write_legacy_weights", "write_sharded_weights",
+           "write_weights"]

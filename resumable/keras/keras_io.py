@@ -15,8 +15,9 @@ Files of a checkpoint folder:
   full model: an unzipped ``.keras``; `snapshot.py`);
   with ``save_trainable_only``, ``trainable.npz`` instead: what trains and its optimizer state
   (``trainable.py``), the frozen weights named by a fingerprint in ``state.json``.
-- ``state.json``: history, callback states, RNG states, the weight layout (to name mismatches);
-  mid-epoch, also the RNG states at the epoch's start (``epoch_rng``: they decide its data order).
+- ``state.json``: history, callback states, RNG states (torch's too, where imported), the weight
+  layout (to name mismatches); mid-epoch, also the RNG states at the epoch's start
+  (``epoch_rng``: they decide its data order).
 - ``arrays.npz``: states of the model's seed generators (Dropout's masks continue, Keras does not
   save them), arrays held by callbacks (EarlyStopping's best weights), in full checkpoints the
   unmerged variables of LoRA layers (``lora/<i>``: Keras saves them merged, ``lora.py``) and,
@@ -50,13 +51,24 @@ from resumable.core.errors import (
     CorruptCheckpointError,
     ResumableError,
 )
-from resumable.keras import checkpoint_reading, compat, legacy_h5, lora, trainable, user_state, zip_member
+from resumable.keras import (
+    checkpoint_reading,
+    compat,
+    legacy_h5,
+    lora,
+    shards,
+    torch_backend,
+    trainable,
+    user_state,
+    zip_member,
+)
 
 # The file names come from the module that writes them; callers know them from here.
 from resumable.keras.snapshot import (
     ARRAYS_FILE,
     ASSETS_FOLDER,
     CONFIG_FILE,
+    METADATA_FILE,
     MODEL_FILE,
     SHARD_NAME,
     SHARDS_FILE,
@@ -338,6 +350,9 @@ def _check_rng(key: str, rng: dict[str, Any]) -> None:
         raise ValueError(f"field {key}.numpy: not a NumPy random state")
     if generator is not None and not _words(generator, None, low=-(2**63), high=2**63):  # int64 on TF
         raise ValueError(f"field {key}.keras: not a Keras seed generator state")
+    torch = rng.get(torch_backend.STATE_KEY)
+    if torch is not None and not torch_backend.is_rng_state(torch):
+        raise ValueError(f"field {key}.torch: not a torch random state")
 
 
 def _words(values: Any, length: int | None, low: int = 0, high: int = 2**32) -> bool:
@@ -460,8 +475,38 @@ def _load_saved_model(folder: Path, weights_file: Path, landed: Landed, where: s
         return model if model is not None else keras.saving.load_model(str(weights_file))
     assets = folder / ASSETS_FOLDER
     with _shards_read(weights_file, where):
-        return compat.load_unzipped_model((folder / CONFIG_FILE).read_text(), str(weights_file),
-                                          str(assets) if assets.is_dir() else None, landed)
+        model = compat.load_unzipped_model((folder / CONFIG_FILE).read_text(), str(weights_file),
+                                           str(assets) if assets.is_dir() else None, landed)
+        if model is not None:
+            return model
+        with _merged_shards(weights_file, landed) as merged:  # a Keras that cannot read them itself
+            return _load_rezipped(folder, merged)
+
+
+@contextlib.contextmanager
+def _merged_shards(weights_file: Path, landed: Landed) -> Iterator[Path]:
+    """The checkpoint's sharded weights as one ``.weights.h5``, in a temporary folder (never in the
+    checkpoint's own: a local run is read in place)."""
+    with tempfile.TemporaryDirectory(prefix="resumable-load-") as temporary:
+        merged = Path(temporary) / WEIGHTS_FILE
+        shards.merge(weights_file, merged, landed, STATE_LIMIT)
+        yield merged
+
+
+def _load_rezipped(folder: Path, weights: Path) -> keras.Model:
+    """``keras.saving.load_model`` of the ``.keras`` an unzipped one (``folder``) and its merged
+    ``weights`` make, zipped next to the weights."""
+    archive_path = weights.with_name(MODEL_FILE)
+    with zipfile.ZipFile(archive_path, "w") as archive:
+        archive.write(folder / METADATA_FILE, METADATA_FILE)
+        archive.write(folder / CONFIG_FILE, CONFIG_FILE)
+        archive.write(weights, WEIGHTS_FILE)
+        assets = folder / ASSETS_FOLDER
+        for path in sorted(assets.rglob("*")) if assets.is_dir() else []:
+            if path.is_file():
+                archive.write(path, f"{ASSETS_FOLDER}/{path.relative_to(assets).as_posix()}")
+    weights.unlink()  # in the archive now: the disk holds it once
+    return keras.saving.load_model(str(archive_path))
 
 
 @contextlib.contextmanager
@@ -538,7 +583,9 @@ def _load_keras_weights(model: keras.Model, weights_file: Path, landed: Landed, 
     """
     if weights_file.name == SHARDS_FILE:
         with _shards_read(weights_file, where):
-            compat.load_sharded_weights(model, str(weights_file), landed)
+            if not compat.load_sharded_weights(model, str(weights_file), landed):
+                with _merged_shards(weights_file, landed) as merged:  # a Keras that cannot read them
+                    model.load_weights(str(merged))
         return
     if weights_file.name != MODEL_FILE:
         model.load_weights(str(weights_file))
@@ -839,7 +886,7 @@ def add_metrics(model: keras.Model, arrays: dict[str, np.ndarray]) -> bool:
 
 
 def rng_state() -> dict[str, Any]:
-    """Python's, NumPy's and Keras' global RNG states, as JSON-able values."""
+    """Python's, NumPy's, Keras' and (where imported) torch's global RNG states, as JSON-able values."""
     version, internal, gauss = random.getstate()
     kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
     state: dict[str, Any] = {
@@ -849,6 +896,9 @@ def rng_state() -> dict[str, Any]:
     generator = compat.global_seed_generator()
     if generator is not None:
         state["keras"] = keras.ops.convert_to_numpy(generator.state).tolist()
+    torch = torch_backend.rng_state()
+    if torch is not None:
+        state[torch_backend.STATE_KEY] = torch
     return state
 
 
@@ -862,6 +912,8 @@ def set_rng_state(state: dict[str, Any]) -> None:
     generator = compat.global_seed_generator(create="keras" in state)
     if "keras" in state and generator is not None:
         generator.state.assign(np.asarray(state["keras"], dtype=generator.state.dtype))
+    if torch_backend.STATE_KEY in state:
+        torch_backend.set_rng_state(state[torch_backend.STATE_KEY])
 
 
 def python_random(state: dict[str, Any]) -> random.Random:

@@ -172,7 +172,7 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
     def _save_model(self, epoch: int, batch: int | None, logs: dict[str, Any] | None) -> None:
         """Keras' decision and name; the file staged locally, then landed whole in the background."""
         filepath = self._get_file_path(epoch, batch, logs)
-        if not self._should_save_model(epoch, batch, logs, filepath):
+        if not compat.should_save_model(self, epoch, batch, logs, filepath):
             return
         target = self._target(filepath)
         if target.is_dir():

@@ -13,7 +13,7 @@ from typing import Any
 
 import keras
 
-from resumable.keras import compat, keras_io
+from resumable.keras import compat, keras_io, torch_backend
 
 
 def rest_of_epoch(model: keras.Model, args: tuple[Any, ...], kwargs: dict[str, Any], batch: int,
@@ -21,10 +21,10 @@ def rest_of_epoch(model: keras.Model, args: tuple[Any, ...], kwargs: dict[str, A
     """``model.fit`` arguments for the batches of the current epoch after ``batch``, or why not.
 
     The data order of the epoch is Keras' own: NumPy arrays go through Keras' array adapter
-    (with TensorFlow, ``fit``'s shuffle depends on the global seed only; elsewhere on NumPy's
-    state at the epoch start, saved as ``epoch_rng``). ``positioned``: ``x`` already starts at
-    the batch (`inputs.Feed` placed a dataset, PyDataset or generator there); other inputs
-    cannot be positioned here.
+    (with TensorFlow, ``fit``'s shuffle depends on the global seed only; on JAX on NumPy's
+    state at the epoch start, on torch on torch's, saved as ``epoch_rng``). ``positioned``:
+    ``x`` already starts at the batch (`inputs.Feed` placed a dataset, PyDataset or generator
+    there); other inputs cannot be positioned here.
     """
     try:
         bound = inspect.signature(model.fit).bind_partial(*args, **kwargs)
@@ -92,6 +92,9 @@ def rest_of_epoch(model: keras.Model, args: tuple[Any, ...], kwargs: dict[str, A
             for _ in range(batch):  # draws the epoch's permutation, then passes the batches done
                 next(batches)
             return {**rest, "x": batches, "shuffle": False, "steps_per_epoch": (total or 0) - batch}
+        if backend == "torch" and total is not None:
+            loader = torch_backend.rest_of_epoch_batches(adapter, batch, epoch_rng, total)
+            return {**rest, "x": loader, "shuffle": False, "steps_per_epoch": total - batch}
         return f"resumable cannot position arrays on the {backend} backend"
     return f"a {type(x).__name__} input cannot be positioned at a batch"
 

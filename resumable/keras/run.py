@@ -18,7 +18,7 @@ from resumable.core.errors import (
     LeaseLostError,
     ResumableError,
 )
-from resumable.keras import compat, keras_io
+from resumable.keras import compat, keras_io, torch_backend
 from resumable.keras.callback import CheckpointCallback, Witness
 from resumable.keras.continuity import csv_logs_continued, final_weights
 from resumable.keras.inputs import Feed
@@ -194,7 +194,7 @@ class Run:
                 try:
                     histories.append(self.model.fit(
                         epochs=self.initial_epoch + 1, initial_epoch=self.initial_epoch,
-                        callbacks=[*callbacks, *headers], **partial,
+                        callbacks=[*callbacks, *headers, *torch_backend.continued_stream(True)], **partial,
                     ))
                 finally:
                     feed.fit_done()
@@ -202,11 +202,15 @@ class Run:
                     return _merge(histories, self.model)
                 self.callback.carry_over()
         arguments = feed.arguments_for()
+        # With steps_per_epoch, Keras reads one stream across epochs: a resumed fit starts it anew.
+        continued = (self.checkpoint is not None and self.initial_epoch > 0
+                     and bool(arguments.get("steps_per_epoch")))
         feed.build_model(self.model)
         feed.fit_starts()
         try:
             histories.append(self.model.fit(
-                epochs=epochs, initial_epoch=self.initial_epoch, callbacks=callbacks, **arguments
+                epochs=epochs, initial_epoch=self.initial_epoch,
+                callbacks=[*callbacks, *torch_backend.continued_stream(continued)], **arguments
             ))
         finally:
             feed.fit_done()

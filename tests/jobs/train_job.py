@@ -52,8 +52,15 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def on_tensorflow() -> bool:
+    """Whether Keras runs on TensorFlow here (the lanes also run this job on JAX and torch)."""
+    return os.environ.get("KERAS_BACKEND", "tensorflow") == "tensorflow"
+
+
 def configure_devices(strategy: str) -> None:
     """Two logical CPUs for MirroredStrategy; must run before TensorFlow initializes devices."""
+    if not on_tensorflow():
+        return
     import tensorflow as tf
 
     if strategy == "mirrored":
@@ -110,7 +117,6 @@ def main(argv: list[str]) -> int:
     args = parse(argv)
     configure_devices(args.strategy)
     import keras
-    import tensorflow as tf
 
     import resumable
 
@@ -120,7 +126,11 @@ def main(argv: list[str]) -> int:
     log.addHandler(handler)
     log.setLevel(logging.INFO)
 
-    strategy = tf.distribute.MirroredStrategy() if args.strategy == "mirrored" else None
+    strategy = None
+    if args.strategy == "mirrored":
+        import tensorflow as tf
+
+        strategy = tf.distribute.MirroredStrategy()
     save_freq = args.save_freq if args.save_freq == "epoch" else int(args.save_freq)
     run = resumable.resume(
         args.url, build_model=lambda: build_model(args.seed), strategy=strategy, monitor="val_loss",
@@ -139,6 +149,8 @@ def main(argv: list[str]) -> int:
     keras.utils.set_random_seed(args.seed + 1)  # anything random during fit draws from here
     callbacks = [sleep_callback(args.batch_sleep)] if args.batch_sleep else []
     if args.data == "tfdata":
+        import tensorflow as tf
+
         dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(32)
         run.fit(dataset, epochs=args.epochs, validation_data=(x_val, y_val), verbose=0, callbacks=callbacks)
     else:
@@ -153,7 +165,9 @@ def main(argv: list[str]) -> int:
 def zygote() -> int:
     """Import once, then fork a job per line of JSON arguments on stdin."""
     import keras  # noqa: F401  (the expensive imports, shared by every child)
-    import tensorflow  # noqa: F401
+
+    if on_tensorflow():
+        import tensorflow  # noqa: F401
 
     import resumable.keras.run  # noqa: F401
 

@@ -52,6 +52,7 @@ def make_model() -> Any:
     return model
 
 
+@pytest.mark.lanes
 def test_arguments_as_keras(tmp_path: Path) -> None:
     for bad in ("", None):
         with pytest.raises(ValueError, match="Empty `backup_dir` argument passed"):
@@ -61,6 +62,7 @@ def test_arguments_as_keras(tmp_path: Path) -> None:
             resumable.BackupAndRestore(str(tmp_path), save_freq=freq)  # type: ignore[arg-type]
 
 
+@pytest.mark.lanes
 @pytest.mark.slow
 @pytest.mark.parametrize("where", ["local", "gcs"])
 def test_plain_fit_continues_after_an_interruption(where: str, tmp_path: Path, request: Any) -> None:
@@ -77,6 +79,7 @@ def test_plain_fit_continues_after_an_interruption(where: str, tmp_path: Path, r
     assert not RunStorage(url).list()  # deleted at the end of training
 
 
+@pytest.mark.lanes
 @pytest.mark.slow
 def test_a_damaged_backup_falls_back_and_mid_epoch_replays(tmp_path: Path) -> None:
     url = str(tmp_path / "backup")
@@ -90,6 +93,7 @@ def test_a_damaged_backup_falls_back_and_mid_epoch_replays(tmp_path: Path) -> No
     assert int(model.layers[0].counter.value) == 1 + 3  # restored after batch 1, epoch 1 replayed
 
 
+@pytest.mark.lanes
 @pytest.mark.slow
 def test_resume_continues_a_mid_epoch_backup_at_its_batch(tmp_path: Path, capsys: pytest.CaptureFixture[str]
                                                             ) -> None:

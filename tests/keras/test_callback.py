@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import backends
 import numpy as np
 import pytest
 
@@ -33,9 +34,7 @@ STEPS = 6  # per epoch
 @pytest.fixture(autouse=True, scope="module")
 def deterministic_ops() -> None:
     """Bitwise-equal training runs (CPU); set here rather than at import, which every run collects."""
-    import tensorflow as tf
-
-    tf.config.experimental.enable_op_determinism()
+    backends.deterministic_ops()
 
 
 def make_model(units: int = 16, dropout: bool = False) -> Any:
@@ -89,6 +88,7 @@ def test_resume_validates_callback_arguments_before_touching_storage(tmp_path: P
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.lanes
 def test_import_resumable_does_not_import_keras_or_tensorflow() -> None:
     code = (
         "import sys, resumable; resumable.RunStorage; "
@@ -159,6 +159,7 @@ def test_a_checkpoint_big_enough_to_stream_round_trips_through_gcs(gcs_bucket: s
         assert np.array_equal(slot.numpy(), restored.numpy()), slot.path
 
 
+@pytest.mark.lanes
 @pytest.mark.slow
 def test_resume_without_build_model_loads_the_saved_model(tmp_path: Path) -> None:
     url = str(tmp_path / "run")
@@ -218,7 +219,7 @@ def test_mid_epoch_checkpoints_resume_from_the_epoch_start(tmp_path: Path) -> No
 def test_a_name_with_batch_saves_mid_epoch_as_keras_names_it(tmp_path: Path) -> None:
     """``{batch}`` is the batch within the epoch (Keras' ModelCheckpoint); it used to crash the first save."""
     url = str(tmp_path / "run")
-    run = resumable.resume(url, build_model=make_model, save_freq=4, keep_last=None,
+    run = resumable.resume(url, build_model=make_model, save_freq=4, keep_last=None, async_upload=False,
                            filename="e{epoch:02d}-b{batch:02d}")
     run.fit(X, Y, epochs=2, **FIT)
     names = [c.name for c in RunStorage(url, filename="e{epoch:02d}-b{batch:02d}").list() if c.ok]
@@ -239,6 +240,7 @@ def fit_with_state_callbacks(run: Any, epochs: int, ours_first: bool = False) ->
     return early, plateau
 
 
+@pytest.mark.lanes
 @pytest.mark.slow
 @pytest.mark.parametrize("ours_first", [False, True], ids=["run.fit", "model.fit-callback-first"])
 def test_early_stopping_plateau_and_best_survive_a_resume(tmp_path: Path, ours_first: bool) -> None:
@@ -271,6 +273,7 @@ def test_early_stopping_plateau_and_best_survive_a_resume(tmp_path: Path, ours_f
     assert RunStorage(url).latest().epoch == 5  # type: ignore[union-attr]
 
 
+@pytest.mark.lanes
 @pytest.mark.slow
 def test_dropout_masks_continue_after_a_resume(tmp_path: Path) -> None:
     # Keras does not save SeedGenerator states; without ours the masks after a resume repeat epoch 1's.
@@ -335,10 +338,13 @@ def test_fit_of_a_resumed_model_without_initial_epoch_is_refused(tmp_path: Path)
         run.fit(X, Y, epochs=3, initial_epoch=0, **FIT)
 
 
+@pytest.mark.lanes
 @pytest.mark.slow
 def test_a_damaged_newest_checkpoint_falls_back_with_a_warning(tmp_path: Path) -> None:
     url = str(tmp_path / "run")
-    resumable.resume(url, build_model=make_model, keep_last=None).fit(X, Y, epochs=3, **FIT)
+    # async_upload=False: every epoch committed (in the background a newer one may replace one waiting)
+    first = resumable.resume(url, build_model=make_model, keep_last=None, async_upload=False)
+    first.fit(X, Y, epochs=3, **FIT)
     model_file = tmp_path / "run" / "ckpt-000003" / "model.keras"
     data = bytearray(model_file.read_bytes())
     data[len(data) // 2] ^= 0xFF  # same size: only the checksum can tell
@@ -351,6 +357,7 @@ def test_a_damaged_newest_checkpoint_falls_back_with_a_warning(tmp_path: Path) -
     assert RunStorage(url).verify("ckpt-000003") == []
 
 
+@pytest.mark.lanes
 @pytest.mark.slow
 def test_a_checkpoint_that_does_not_fit_build_model_names_the_mismatch(tmp_path: Path) -> None:
     url = str(tmp_path / "run")

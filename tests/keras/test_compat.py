@@ -14,8 +14,11 @@ import textwrap
 from collections.abc import Iterator
 from typing import Any
 
+import backends
 import numpy as np
 import pytest
+
+pytestmark = pytest.mark.lanes
 
 keras = pytest.importorskip("keras")
 
@@ -33,12 +36,15 @@ Y = np.arange(12, dtype="float32").reshape(12, 1)
 def fresh_probes() -> Iterator[None]:
     """Each test probes anew, and leaves the probes to find the real Keras again (monkeypatch undone)."""
     probes: list[Any] = [compat._lazy_tensorflow, compat._seed_generator_api, compat.array_adapters,
-                         compat._warn_once]
+                         compat._warn_once, compat.snapshots_work, compat.sharding_works,
+                         compat._loading_works]
     for probe in probes:
         probe.cache_clear()
+    compat._snapshot_failure.clear()
     yield
     for probe in probes:
         probe.cache_clear()
+    compat._snapshot_failure.clear()
 
 
 def small_model() -> Any:
@@ -95,7 +101,8 @@ print("tensorflow imported:", "tensorflow" in sys.modules)
 """
 
 
-@pytest.mark.parametrize(("case", "imported"), [("present", False), ("gone", True)])
+@pytest.mark.parametrize(("case", "imported"), [
+    ("present", False), pytest.param("gone", True, marks=backends.needs_tensorflow)])
 def test_saving_on_jax_imports_tensorflow_only_without_the_internal(case: str, imported: bool) -> None:
     pytest.importorskip("jax")
     env = {**os.environ, "KERAS_BACKEND": "jax", "TF_CPP_MIN_LOG_LEVEL": "3"}
@@ -258,3 +265,79 @@ def test_lora_layer_variables_without_the_internal_is_none_and_says_so_once(
         assert compat.lora_layer_variables(model) is None
     warned = [r.getMessage() for r in caplog.records if "LoRA" in r.getMessage()]
     assert len(warned) == 1 and keras.__version__ in warned[0] and "\n" not in warned[0]
+
+
+# ----------------------------------------------------------------------------- saving and loading: probed
+
+
+def said(caplog: pytest.LogCaptureFixture, text: str) -> list[str]:
+    return [r.getMessage() for r in caplog.records if text in r.getMessage()]
+
+
+def one_line_naming_keras(messages: list[str]) -> bool:
+    return len(messages) == 1 and keras.__version__ in messages[0] and "\n" not in messages[0]
+
+
+def test_the_probes_find_this_keras_behaving() -> None:
+    assert compat.snapshots_work() and compat._loading_works()
+    assert compat.sharding_works() == compat.can_shard()
+
+
+def test_a_writer_that_loses_a_value_fails_the_probe_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    fill = compat._fill
+    monkeypatch.setattr(compat, "_fill", lambda store, values: fill(store, values[:-1]))
+    with caplog.at_level(logging.WARNING, logger="resumable"):
+        assert compat.snapshots_work() is False
+        assert compat.saved_values(small_model(), np.array, None) is None
+        assert compat.snapshots_work() is False
+    assert one_line_naming_keras(said(caplog, "model.save while training waits"))
+
+
+def test_a_store_that_reads_back_other_values_fails_the_loading_probe(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from keras.src.saving import saving_lib
+
+    original = saving_lib.H5IOStore.__init__
+
+    def init(self: Any, path_or_io: Any, *args: Any, **kwargs: Any) -> None:
+        if not isinstance(path_or_io, (str, os.PathLike)):  # a file object: what the fast loads use
+            raise TypeError("path_or_io should be a path")
+        original(self, path_or_io, *args, **kwargs)
+
+    monkeypatch.setattr(saving_lib.H5IOStore, "__init__", init)
+    with caplog.at_level(logging.WARNING, logger="resumable"):
+        assert compat._loading_works() is False
+        assert compat.load_weights_from(small_model(), object()) is False
+    assert one_line_naming_keras(said(caplog, "loaded with load_weights and load_model"))
+
+
+def test_a_traversal_failing_on_a_model_saves_with_model_save_from_then_on(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, tmp_path: Any
+) -> None:
+    """A Keras whose internals pass the probe but fail on a real model: that save, and every later
+    one, goes through model.save while training waits; the checkpoint is whole either way."""
+    from keras.src.saving import saving_lib
+
+    import resumable
+
+    assert compat.snapshots_work()  # probed before the traversal breaks
+    original = saving_lib._save_state
+
+    def save_state(saveable: Any, weights_store: Any, *args: Any, **kwargs: Any) -> None:
+        if type(weights_store).__name__ == "Recorder" and isinstance(saveable, keras.Model):
+            raise TypeError("save_own_variables() takes a store of another kind")
+        original(saveable, weights_store, *args, **kwargs)
+
+    monkeypatch.setattr(saving_lib, "_save_state", save_state)
+    with caplog.at_level(logging.WARNING, logger="resumable"):
+        run = resumable.resume(str(tmp_path / "run"), build_model=small_model, monitor="loss")
+        run.fit(X, Y, batch_size=4, epochs=2, verbose=0)
+    assert one_line_naming_keras(said(caplog, "a snapshot of the model failed"))
+    assert [c.epoch for c in resumable.RunStorage(str(tmp_path / "run")).list()] == [1, 2]
+    resumed = resumable.resume(str(tmp_path / "run"), build_model=small_model, monitor="loss")
+    assert resumed.initial_epoch == 2
+    for a, b in zip(resumed.model.get_weights(), run.model.get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)

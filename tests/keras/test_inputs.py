@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from paths import JOBS
 
-pytestmark = [pytest.mark.slow, pytest.mark.every_keras]
+pytestmark = [pytest.mark.slow, pytest.mark.lanes]
 
 JOB = JOBS / "inputs_job.py"
 # PyTorch joins once a resume there is exact at all (Dropout's masks, NumPy arrays: #30); with a

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import backends
 import numpy as np
 import pytest
 from fit_interrupts import InterruptAt
@@ -38,9 +39,7 @@ JOB = JOBS / "train_job.py"
 
 @pytest.fixture(autouse=True, scope="module")
 def deterministic_ops() -> None:
-    import tensorflow as tf
-
-    tf.config.experimental.enable_op_determinism()
+    backends.deterministic_ops()
 
 
 def make_model() -> Any:
@@ -137,9 +136,11 @@ def test_a_long_interval_saves_only_at_epoch_ends(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------- in-process resume
 
 
+@pytest.mark.lanes
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "data", ["arrays", "arrays-shuffled", "validation-split", "tf.data", "pydataset", "generator"])
+@pytest.mark.parametrize("data", ["arrays", "arrays-shuffled", "validation-split",
+                                  pytest.param("tf.data", marks=backends.needs_tensorflow),
+                                  "pydataset", "generator"])
 def test_interrupted_mid_epoch_resumes_at_the_batch_and_equals_uninterrupted(
     tmp_path: Path, data: str, capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -237,6 +238,18 @@ def test_an_interrupt_saves_unless_that_step_is_saved(
     assert [c.step for c in RunStorage(url).list()] == steps
 
 
+@pytest.fixture
+def ctrl_c_as_in_a_notebook() -> Iterator[None]:
+    """SIGINT raising KeyboardInterrupt, as in a notebook or a terminal, even where this test process
+    was started with SIGINT ignored (a background job of a non-interactive shell: resumable then
+    leaves it ignored, on purpose)."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
 class SignalAt(keras.callbacks.Callback):
     """Send this process SIGINT ``times`` times after batch ``batch`` (1-based) of the first epoch."""
 
@@ -250,9 +263,10 @@ class SignalAt(keras.callbacks.Callback):
                 os.kill(os.getpid(), signal.SIGINT)
 
 
+@pytest.mark.lanes
 @pytest.mark.slow
 def test_ctrl_c_saves_at_the_batch_end_then_raises_and_puts_the_handler_back(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], ctrl_c_as_in_a_notebook: None,
 ) -> None:
     url = str(tmp_path / "run")
     before = signal.getsignal(signal.SIGINT)
@@ -270,7 +284,7 @@ def test_ctrl_c_saves_at_the_batch_end_then_raises_and_puts_the_handler_back(
 
 
 @pytest.mark.slow
-def test_a_second_ctrl_c_stops_at_once_without_saving(tmp_path: Path) -> None:
+def test_a_second_ctrl_c_stops_at_once_without_saving(tmp_path: Path, ctrl_c_as_in_a_notebook: None) -> None:
     url = str(tmp_path / "run")
     run = resumable.resume(url, build_model=make_model)
     with pytest.raises(KeyboardInterrupt):
@@ -333,7 +347,7 @@ def is_mid_epoch_commit(line: str) -> bool:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("where", ["local", "gcs"])
+@pytest.mark.parametrize("where", [pytest.param("local", marks=pytest.mark.lanes), "gcs"])
 def test_sigkill_between_mid_epoch_saves_resumes_at_the_batch_and_equals_uninterrupted(
     where: str, tmp_path: Path, uninterrupted: list[np.ndarray], request: pytest.FixtureRequest,
 ) -> None:

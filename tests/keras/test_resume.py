@@ -50,7 +50,8 @@ def ready_line(stdout: str) -> str:
     return next(line for line in stdout.splitlines() if line.startswith("READY"))
 
 
-@pytest.mark.parametrize("order", [[], ["--shuffle"]], ids=["fixed-order", "fit-shuffles"])
+@pytest.mark.parametrize("order", [pytest.param([], id="fixed-order"),
+                                   pytest.param(["--shuffle"], id="fit-shuffles", marks=pytest.mark.lanes)])
 def test_interrupted_equals_uninterrupted(tmp_path: Path, order: list[str]) -> None:
     session(tmp_path / "straight", 6, *order, "--out", str(tmp_path / "straight.npz"))
 
@@ -82,6 +83,8 @@ def test_weights_only_checkpoints_resume_exactly(tmp_path: Path) -> None:
     assert_equal_weights(weights(tmp_path / "resumed.npz"), weights(tmp_path / "straight.npz"))
 
 
+@pytest.mark.skipif(os.environ.get("KERAS_BACKEND", "tensorflow") != "tensorflow",
+                    reason="tf.distribute needs the TensorFlow backend")
 def test_mirrored_strategy_save_resume_and_across(tmp_path: Path) -> None:
     url = tmp_path / "run"
     # saved under MirroredStrategy over two logical CPUs

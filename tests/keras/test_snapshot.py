@@ -40,6 +40,7 @@ def make_model() -> keras.Model:
     return model
 
 
+@pytest.mark.lanes
 def test_a_snapshot_writes_what_model_save_writes(tmp_path: Path) -> None:
     model = make_model()
     x = np.random.default_rng(1).normal(size=(32, 4)).astype("float32")

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import backends
 import numpy as np
 import pytest
 from fit_interrupts import InterruptAt
@@ -27,9 +28,7 @@ FIT = {"batch_size": 16, "shuffle": False, "verbose": 0, "validation_data": (X[:
 
 @pytest.fixture(autouse=True, scope="module")
 def deterministic_ops() -> None:
-    import tensorflow as tf
-
-    tf.config.experimental.enable_op_determinism()
+    backends.deterministic_ops()
 
 
 def lora_model(base_seed: int = 3, rank: int = 4, freeze_bn: bool = True, dtype: str | None = None) -> Any:
@@ -66,6 +65,7 @@ def checkpoint_folder(url: Path) -> Path:
     return url / latest.name
 
 
+@pytest.mark.lanes
 def test_only_what_trains_is_saved_with_the_frozen_fingerprint(tmp_path: Path) -> None:
     run = resumable.resume(str(tmp_path / "run"), build_model=lora_model, save_trainable_only=True)
     run.fit(X, Y, epochs=1, **FIT)
@@ -93,6 +93,7 @@ def test_only_what_trains_is_saved_with_the_frozen_fingerprint(tmp_path: Path) -
     assert len(frozen["crc32c"]) == 8
 
 
+@pytest.mark.lanes
 def test_a_trainable_only_resume_equals_a_run_never_stopped(tmp_path: Path) -> None:
     keras.utils.set_random_seed(1)
     straight = resumable.resume(str(tmp_path / "straight"), build_model=lora_model, save_trainable_only=True)
@@ -109,6 +110,7 @@ def test_a_trainable_only_resume_equals_a_run_never_stopped(tmp_path: Path) -> N
     assert resumed.history == straight.history
 
 
+@pytest.mark.lanes
 def test_a_mid_epoch_trainable_only_checkpoint_resumes_at_its_batch(tmp_path: Path) -> None:
     keras.utils.set_random_seed(1)
     straight = resumable.resume(str(tmp_path / "straight"), build_model=lora_model)
@@ -155,6 +157,7 @@ def test_resume_without_build_model_says_to_pass_one(tmp_path: Path) -> None:
     assert "\n" not in str(caught.value)
 
 
+@pytest.mark.lanes
 def test_another_base_model_is_refused_in_one_line(tmp_path: Path) -> None:
     run = resumable.resume(str(tmp_path / "run"), build_model=lora_model, save_trainable_only=True)
     run.fit(X, Y, epochs=1, **FIT)
@@ -212,6 +215,7 @@ def test_a_full_run_continues_trainable_only_and_back(tmp_path: Path) -> None:
         (True, False), (False, True), (True, False)]
 
 
+@pytest.mark.lanes
 @pytest.mark.parametrize("weights_only", [False, True], ids=["keras-file", "weights-only"])
 def test_full_checkpoints_of_lora_layers_resume_unmerged(tmp_path: Path, weights_only: bool) -> None:
     """Keras saves a LoRA layer merged and loads it with zero factors; resume() puts both back."""
