@@ -194,7 +194,8 @@ class Run:
                 try:
                     histories.append(self.model.fit(
                         epochs=self.initial_epoch + 1, initial_epoch=self.initial_epoch,
-                        callbacks=[*callbacks, *headers, *torch_backend.continued_stream(True)], **partial,
+                        callbacks=[*torch_backend.epoch_rest_ends(), *callbacks, *headers,
+                                   *torch_backend.continued_stream(True)], **partial,
                     ))
                 finally:
                     feed.fit_done()
@@ -207,10 +208,12 @@ class Run:
                      and bool(arguments.get("steps_per_epoch")))
         feed.build_model(self.model)
         feed.fit_starts()
+        # After the rest of an epoch, the random state is already the unbroken run's: kept from here
+        as_now = bool(histories)
         try:
             histories.append(self.model.fit(
                 epochs=epochs, initial_epoch=self.initial_epoch,
-                callbacks=[*callbacks, *torch_backend.continued_stream(continued)], **arguments
+                callbacks=[*callbacks, *torch_backend.continued_stream(continued, as_now=as_now)], **arguments
             ))
         finally:
             feed.fit_done()

@@ -99,10 +99,12 @@ def rest_of_epoch_batches(adapter: Any, batch: int, epoch_rng: dict[str, Any], t
     return torch.utils.data.DataLoader(Remaining(), batch_size=None)
 
 
-def continued_stream(continues: bool) -> list[Any]:
+def continued_stream(continues: bool, as_now: bool = False) -> list[Any]:
     """Callbacks for a ``fit`` that ``continues`` a data stream an uninterrupted run was reading
     (the rest of an epoch; a resumed fit whose ``steps_per_epoch`` makes Keras keep one
-    iterator across epochs). [] when it does not, and off the torch backend."""
+    iterator across epochs). [] when it does not, and off the torch backend. ``as_now``: the
+    RNG is already where the uninterrupted run has it (after the rest of an epoch), so what
+    ``fit`` draws before its first epoch begins is undone too."""
     import keras
 
     if not continues or keras.backend.backend() != "torch":
@@ -117,8 +119,8 @@ def continued_stream(continues: bool) -> list[Any]:
 
         def __init__(self) -> None:
             super().__init__()
-            self.state: Any = None
-            self.started = False
+            self.state: Any = _torch().get_rng_state() if as_now else None
+            self.started = as_now
 
         def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
             if not self.started:
@@ -131,3 +133,36 @@ def continued_stream(continues: bool) -> list[Any]:
                 self.state = None
 
     return [RngAsFitBegan()]
+
+
+def epoch_rest_ends() -> list[Any]:
+    """A callback to put first in the list of a ``fit`` of the rest of an epoch. Keras' torch
+    trainer starts that fit's DataLoader again once its last batch is read, drawing a seed from
+    torch's global RNG that an uninterrupted run, still inside its stream, never draws: the RNG
+    as the last batch left it is put back before validation starts, or before any other
+    callback sees the epoch end (the checkpoint callback saves it there). [] off torch."""
+    import keras
+
+    if keras.backend.backend() != "torch":
+        return []
+
+    class RngAsLastBatchLeft(keras.callbacks.Callback):
+        def __init__(self) -> None:
+            super().__init__()
+            self.state: Any = None
+
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            self.state = _torch().get_rng_state()
+
+        def _put_back(self) -> None:
+            if self.state is not None:
+                _torch().set_rng_state(self.state)
+                self.state = None
+
+        def on_test_begin(self, logs: Any = None) -> None:
+            self._put_back()
+
+        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+            self._put_back()
+
+    return [RngAsLastBatchLeft()]

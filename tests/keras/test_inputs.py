@@ -16,16 +16,19 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import backends
 import numpy as np
 import pytest
 from paths import JOBS
 
-pytestmark = [pytest.mark.slow, pytest.mark.lanes]
+# The job builds tf.data pipelines and reads TensorBoard's files: a lane without TensorFlow (Colab's
+# TPU runtime) has neither.
+pytestmark = [pytest.mark.slow, pytest.mark.lanes, backends.needs_tensorflow]
 
 JOB = JOBS / "inputs_job.py"
-# PyTorch joins once a resume there is exact at all (Dropout's masks, NumPy arrays: #30); with a
-# model without Dropout every input case but arrays already passes there (docs/inputs.md).
-BACKENDS = ["tensorflow", "jax"]
+# A lane runs the matrix on its own backend (torch's lane on torch); the README's command on both
+# TensorFlow and JAX.
+BACKENDS = [os.environ["KERAS_BACKEND"]] if os.environ.get("KERAS_BACKEND") else ["tensorflow", "jax"]
 STOPS = ["epoch", "batch"]
 
 # Bitwise equal to the unbroken run, with no warning about the input.
