@@ -194,7 +194,7 @@ class Run:
                 try:
                     histories.append(self.model.fit(
                         epochs=self.initial_epoch + 1, initial_epoch=self.initial_epoch,
-                        callbacks=[*torch_backend.epoch_rest_ends(), *callbacks, *headers,
+                        callbacks=[*torch_backend.epoch_rest_ends(bool(steps)), *callbacks, *headers,
                                    *torch_backend.continued_stream(True)], **partial,
                     ))
                 finally:

@@ -135,15 +135,17 @@ def continued_stream(continues: bool, as_now: bool = False) -> list[Any]:
     return [RngAsFitBegan()]
 
 
-def epoch_rest_ends() -> list[Any]:
-    """A callback to put first in the list of a ``fit`` of the rest of an epoch. Keras' torch
-    trainer starts that fit's DataLoader again once its last batch is read, drawing a seed from
-    torch's global RNG that an uninterrupted run, still inside its stream, never draws: the RNG
-    as the last batch left it is put back before validation starts, or before any other
-    callback sees the epoch end (the checkpoint callback saves it there). [] off torch."""
+def epoch_rest_ends(stream: bool) -> list[Any]:
+    """A callback to put first in the list of a ``fit`` of the rest of an epoch of a ``stream``
+    (``steps_per_epoch`` given: Keras reads one iterator across epochs). Keras' torch trainer
+    starts that fit's DataLoader again once its last batch is read, drawing a seed from torch's
+    global RNG that an uninterrupted run, still inside its stream, never draws: the RNG as the
+    last batch left it is put back before validation starts, or before any other callback sees
+    the epoch end (the checkpoint callback saves it there). Without ``steps_per_epoch`` an
+    uninterrupted run starts its DataLoader again there too: []. [] off torch."""
     import keras
 
-    if keras.backend.backend() != "torch":
+    if not stream or keras.backend.backend() != "torch":
         return []
 
     class RngAsLastBatchLeft(keras.callbacks.Callback):
