@@ -206,7 +206,7 @@ def build(lane: Lane, wheel: Path, tools: list[str]) -> bool:
 
 def run_tests(lane: Lane, pytest_args: list[str]) -> int:
     """The lane's tests on the installed resumable; pytest's exit status."""
-    env = {**os.environ, "KERAS_BACKEND": lane.backend}
+    env = {**os.environ, "KERAS_BACKEND": lane.backend, "RESUMABLE_LANE": lane.name}
     env.pop("VIRTUAL_ENV", None)
     env.pop("PYTHONPATH", None)
     python = str(lane.bin / "python")
