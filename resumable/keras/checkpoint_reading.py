@@ -245,18 +245,24 @@ def check_h5(file: str | Path | BinaryIO, size: int, where: str, name: str) -> N
     outside: list[str] = []
     links: list[str] = []
 
+    groups: list[tuple[str, Any]] = []
+
     def add(path: str, item: Any) -> None:
         nonlocal total
         if isinstance(item, h5py.Dataset):
             total += math.prod(item.shape or ()) * item.dtype.itemsize
             if item.external or item.is_virtual:
                 outside.append(path)
+        else:
+            groups.append((path + "/", item))
 
     with refusals(where, name), h5py.File(file, "r") as h5:
-        h5.visititems(add)
-        if hasattr(h5, "visititems_links"):  # h5py >= 3.11; a link to another file makes h5py read it
-            h5.visititems_links(lambda path, link: links.append(path) if isinstance(link, h5py.ExternalLink)
-                                else None)
+        h5.visititems(add)  # hard links only, each object once
+        # A link to another file makes h5py read it: each group's links are looked at, never followed
+        # (every h5py 3; visititems_links came in 3.11).
+        for prefix, group in [("", h5), *groups]:
+            links.extend(prefix + key for key in group
+                         if isinstance(group.get(key, getlink=True), h5py.ExternalLink))
     if links:
         raise damaged(where, name, f"links {links[0]!r} to another file")
     if outside:
