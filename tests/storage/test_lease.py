@@ -266,10 +266,12 @@ def test_renewal_thread_notices_a_takeover(run_url: str, as_host, caplog) -> Non
     with caplog.at_level(logging.INFO, logger="resumable"):  # said once, at info: training raises it
         Lease(storage).acquire(takeover=True)
         deadline = time.monotonic() + 10
-        while held.lost is None and time.monotonic() < deadline:
+        said = lambda: any("lost its writer lease" in r.getMessage() for r in caplog.records)  # noqa: E731
+        # the thread sets `lost` a moment before it logs: wait for both
+        while not (held.lost is not None and said()) and time.monotonic() < deadline:
             time.sleep(0.02)
     assert held.lost is not None and "host 'colab-b'" in held.lost
-    assert any("lost its writer lease" in r.getMessage() for r in caplog.records)
+    assert said()
     held.release()
     assert read_lease(storage) is not None
 
