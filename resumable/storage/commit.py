@@ -28,7 +28,9 @@ Commit, in order:
 
 Delete, in order, after the same `fence` check: the index first (a failure stops the delete:
 the index never outlives a manifest), then the manifest (a half-done delete reads as
-partial), then the other files.
+partial), then the other files. Pruning many (`delete_listed`): the index loses them all in
+one write first, then each folder as above, a `fence` check before each, its files as the
+caller's listing found them.
 
 Locally (Drive's mount included), two more rules. Durable: a manifest whose fsync (or its
 folder's) failed is removed and written again on the retry, never trusted, and removed when
