@@ -19,6 +19,11 @@ Usage::
     python benchmarks/bench_run_length.py --checkpoints 1000 10000 100000 --where local
     python benchmarks/bench_run_length.py --checkpoints 30 --rounds 1      # a quick run for CI
 
+``--before DIR`` also times another version of the package (a folder holding its
+``resumable/``, e.g. ``git archive main resumable | tar -x -C DIR``) on the same runs, the
+two interleaved in each round. Each measure runs in a child process that imports the
+package first and times only the call.
+
 Prints the median and range (min-max) of each measure over ``--rounds``. A measure slower
 than ``--cap`` seconds in its first round is not repeated (its one time is shown). gs:// uses
 the emulator at ``STORAGE_EMULATOR_HOST`` when set, else a fresh fake-gcs-server on 127.0.0.1.
@@ -33,6 +38,7 @@ import logging
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -67,7 +73,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cap", type=float, default=120.0,
                         help="a measure slower than this in round 1 is not repeated (default 120 s)")
     parser.add_argument("--only", choices=MEASURES, nargs="+", default=list(MEASURES))
+    parser.add_argument("--before", metavar="DIR", help="also time the package found in DIR")
+    parser.add_argument("--child", nargs=3, metavar=("MEASURE", "URL", "COUNT"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.child:
+        what, url, count = args.child
+        fn = measure(what, url, int(count))
+        began = time.perf_counter()
+        fn()
+        print(f"{time.perf_counter() - began:.6f}")
+        return 0
+    versions = {"now": None, **({"before": str(Path(args.before).resolve())} if args.before else {})}
     if min(args.checkpoints) <= INDEXED or args.rounds < 1:
         parser.error(f"--checkpoints must be > {INDEXED}, --rounds >= 1")
     logging.getLogger("resumable").setLevel(logging.ERROR)  # the skipped-folder lines of a big run
@@ -77,38 +93,51 @@ def main(argv: list[str] | None = None) -> int:
             if where == "gs":
                 stack.enter_context(emulator())
             for count in args.checkpoints:
-                timings = run_one(where, count, args.rounds, args.cap, args.only)
+                timings = run_one(where, count, args.rounds, args.cap, args.only, versions)
                 for what in args.only:
-                    rows.append([where, f"{count:,}", what, *summary(timings[what])])
+                    for version in versions:
+                        rows.append([where, f"{count:,}", what, version, *summary(timings[what, version])])
     print()
-    print("\n".join(format_table(["WHERE", "CHECKPOINTS", "MEASURE", "MEDIAN", "RANGE", "ROUNDS"], rows,
-                                 right={1, 3, 4, 5})))
+    print("\n".join(format_table(["WHERE", "CHECKPOINTS", "MEASURE", "CODE", "MEDIAN", "RANGE", "ROUNDS"],
+                                 rows, right={1, 4, 5, 6})))
     return 0
 
 
-def run_one(where: str, count: int, rounds: int, cap: float, only: list[str]) -> dict[str, list[float]]:
-    """Every measure's times on a run of ``count`` checkpoints, in interleaved rounds."""
+def run_one(where: str, count: int, rounds: int, cap: float, only: list[str],
+            versions: dict[str, str | None]) -> dict[tuple[str, str], list[float]]:
+    """Every measure's times on a run of ``count`` checkpoints, in interleaved rounds, per version."""
     started = time.perf_counter()
     template, cleanup = build(where, count)
     print(f"{where}: built {count:,} checkpoints ({INDEXED} in the index) in "
           f"{time.perf_counter() - started:.1f} s", flush=True)
-    timings: dict[str, list[float]] = {what: [] for what in only}
+    timings: dict[tuple[str, str], list[float]] = {(what, v): [] for what in only for v in versions}
     try:
         for round_ in range(rounds):
             for what in only:
-                if round_ and timings[what] and timings[what][0] > cap:
-                    continue
-                url = template if what != "prune" else copy_run(where, template)
-                fn = measure(what, url, count)
-                began = time.perf_counter()
-                fn()
-                timings[what].append(time.perf_counter() - began)
-                print(f"  round {round_ + 1} {what}: {timings[what][-1]:.3f} s", flush=True)
-                if url != template:
-                    remove(where, url)
+                for version, code in versions.items():
+                    times = timings[what, version]
+                    if round_ and times and times[0] > cap:
+                        continue
+                    url = template if what != "prune" else copy_run(where, template)
+                    times.append(child(what, url, count, code))
+                    print(f"  round {round_ + 1} {what} ({version}): {times[-1]:.3f} s", flush=True)
+                    if url != template:
+                        remove(where, url)
     finally:
         cleanup()
     return timings
+
+
+def child(what: str, url: str, count: int, code: str | None) -> float:
+    """Seconds of one measure, timed in a fresh process importing the package from ``code``."""
+    env = dict(os.environ)
+    if code is not None:
+        env["PYTHONPATH"] = os.pathsep.join([code, *filter(None, [env.get("PYTHONPATH")])])
+    done = subprocess.run([sys.executable, __file__, "--child", what, url, str(count)], env=env,
+                          capture_output=True, text=True, check=False)
+    if done.returncode:
+        raise RuntimeError(f"{what} on {url} failed:\n{done.stderr[-3000:]}")
+    return float(done.stdout.strip().splitlines()[-1])
 
 
 def measure(what: str, url: str, count: int) -> Callable[[], None]:
