@@ -389,6 +389,7 @@ class RunManager:
                 logger.warning("resumable: could not delete %s: %s", batch[done].name, e)
                 next(shown, None)
                 left = batch[done + 1:]
+        next(shown, None)  # past the last one: the bar closes
         return deleted
 
     def apply_retention(self) -> None:
