@@ -39,3 +39,20 @@ def test_bench_save_tiny_prints_its_tables(gcs_server: str) -> None:
                    "resume(gs://) / gcsfs get_file + load_model"):
         assert out.count(target) == 2, target
     assert "written to" not in out  # the tiny run never rewrites the docs
+
+
+def test_bench_run_length_tiny_prints_every_row(gcs_server: str) -> None:
+    """The run-length benchmark end to end on a tiny run, both places, ``--before`` included."""
+    script = SCRIPT.parent / "bench_run_length.py"
+    result = subprocess.run(
+        [sys.executable, str(script), "--checkpoints", "12", "--rounds", "1",
+         "--before", str(SCRIPT.parent.parent)],
+        capture_output=True, text=True, timeout=600,
+        env={**os.environ, "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false"},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [line.split() for line in result.stdout.splitlines() if line.startswith(("local ", "gs "))]
+    measures = ["resume:", "list", "prune", "prune"]  # a measure's first word
+    assert [(r[0], r[1], r[2]) for r in rows] == [
+        (where, "12", m) for where in ("local", "gs") for m in measures for _ in ("now", "before")]
+    assert all(r[-1] == "1" for r in rows)  # one round each

@@ -370,17 +370,26 @@ class RunManager:
         Never deletes once the lease was taken over. ``tolerant``: a failed delete is a warning
         (it only costs space; training goes on) instead of an error. Returns the names deleted.
         """
-        deleted = []
-        for info in progress(doomed) if progress is not None else doomed:
+        deleted: list[str] = []
+        shown = iter(progress(doomed)) if progress is not None else iter(())  # the bar moves as they go
+        left = list(doomed)
+        while left:
             self.lease.check()  # another process writes the run now: its checkpoints are not ours
-            try:
-                self.storage.delete(info)
+            batch, left, done = left, [], 0
+            try:  # the index loses them all in one write; each delete re-reads the lease (`fence`)
+                for name in self.storage.delete_many(batch):
+                    deleted.append(name)
+                    done += 1
+                    next(shown, None)
+            except LeaseLostError:
+                raise
             except ResumableError as e:
                 if not tolerant:
                     raise
-                logger.warning("resumable: could not delete %s: %s", info.name, e)
-                continue
-            deleted.append(info.name)
+                logger.warning("resumable: could not delete %s: %s", batch[done].name, e)
+                next(shown, None)
+                left = batch[done + 1:]
+        next(shown, None)  # past the last one: the bar closes
         return deleted
 
     def apply_retention(self) -> None:

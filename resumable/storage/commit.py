@@ -28,7 +28,9 @@ Commit, in order:
 
 Delete, in order, after the same `fence` check: the index first (a failure stops the delete:
 the index never outlives a manifest), then the manifest (a half-done delete reads as
-partial), then the other files.
+partial), then the other files. Pruning many (`delete_listed`): the index loses them all in
+one write first, then each folder as above, a `fence` check before each, its files as the
+caller's listing found them.
 
 Locally (Drive's mount included), two more rules. Durable: a manifest whose fsync (or its
 folder's) failed is removed and written again on the retry, never trusted, and removed when
@@ -45,7 +47,7 @@ import contextlib
 import functools
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -74,7 +76,13 @@ from resumable.storage.local_files import (
     remove_folder_inside,
     remove_inside,
 )
-from resumable.storage.records import CheckpointInfo, checked_info, committed_info, manifest_readable
+from resumable.storage.records import (
+    CheckpointInfo,
+    ListedFile,
+    checked_info,
+    committed_info,
+    manifest_readable,
+)
 from resumable.storage.transfers import Transfers
 
 logger = logging.getLogger("resumable")
@@ -132,7 +140,38 @@ class Committer:
         self._check_fence()
         files = folder.listing(folder.path(name)).get(name, {})
         if MANIFEST_NAME in files:
-            self._index.update(remove=name)  # before the manifest goes: the index never outlives it
+            self._index.update(remove={name})  # before the manifest goes: the index never outlives it
+        self._delete_files(name, files)
+
+    def delete_listed(self, listed: dict[str, dict[str, ListedFile]]) -> Iterator[str]:
+        """Delete the checkpoint folders of a listing ({name: files}), yielding each name once gone.
+
+        As `delete`, but the run index is rewritten once for all of them, first, and each
+        folder's files are taken from ``listed`` (one listing of the run, not one per folder):
+        pruning a long run costs each file's delete and a lease check per folder. A folder
+        listed as empty is listed afresh. Stopped midway, the index may miss the folders left
+        (never name a deleted one): the next commit mends it.
+        """
+        for name in listed:
+            check_name(name)
+        self._check_fence()
+        self._index.update(remove=set(listed))
+        finished = False
+        try:
+            for name, files in listed.items():
+                self._check_fence()
+                if not files:
+                    files = self._folder.listing(self._folder.path(name)).get(name, {})
+                self._delete_files(name, files, gone_ok=True)
+                yield name
+            finished = True
+        finally:
+            if not finished:
+                self._index.may_miss()
+
+    def _delete_files(self, name: str, files: dict[str, ListedFile], *, gone_ok: bool = False) -> None:
+        """Folder ``name``'s files, the manifest first; ``gone_ok``: one gone since it was listed is fine."""
+        folder = self._folder
         for rel in sorted(files, key=lambda rel: rel != MANIFEST_NAME):  # the manifest first
             path = folder.path(name, rel)
             with folder.errors(folder.url_of(name, rel)):
@@ -147,7 +186,11 @@ class Committer:
                 elif folder.truncate_before_delete:
                     # Drive's trash keeps deleted files and counts them against the quota.
                     folder.call(functools.partial(folder.fs.pipe_file, path, b""), f"truncate {rel}")
-                folder.call(functools.partial(folder.fs.rm_file, path), f"delete {rel}")
+                try:
+                    folder.call(functools.partial(folder.fs.rm_file, path), f"delete {rel}")
+                except FileNotFoundError:
+                    if not gone_ok:
+                        raise
         if folder.is_local:
             with folder.errors(folder.url_of(name)):  # what is left; a link there is unlinked, not followed
                 folder.call(functools.partial(remove_folder_inside, folder.root, folder.path(name)),

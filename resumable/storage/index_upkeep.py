@@ -45,8 +45,8 @@ class IndexUpkeep:
         # True once this process wrote a whole index: later commits keep it whole themselves
         self._mended = False
 
-    def update(self, add: dict[str, Manifest] | None = None, remove: str | None = None) -> None:
-        """Rewrite the index with the committed ``add`` (name: manifest), or without ``remove``.
+    def update(self, add: dict[str, Manifest] | None = None, remove: set[str] | None = None) -> None:
+        """Rewrite the index with the committed ``add`` (name: manifest), or without the names ``remove``.
 
         A commit also mends the index (`mend`) when it may miss checkpoints: at this process'
         first commit (a crash of another process, a run from before the index), when the index
@@ -57,9 +57,10 @@ class IndexUpkeep:
             with folder.errors(folder.url_of(INDEX_NAME)):
                 rows = read_index(folder)
                 if remove is not None:
-                    if remove not in rows:
+                    if rows.keys().isdisjoint(remove):
                         return
-                    del rows[remove]
+                    for name in remove & rows.keys():
+                        del rows[name]
                 added = add or {}
                 for name, manifest in added.items():
                     rows[name] = run_index.entry(manifest, len(manifest.to_json()))
@@ -74,6 +75,10 @@ class IndexUpkeep:
             if remove is not None:
                 raise
             logger.warning("resumable: could not update the run index (listing reads the manifests): %s", e)
+
+    def may_miss(self) -> None:
+        """The index may miss a checkpoint now (deletes stopped after its write): the next commit mends it."""
+        self._mended = False
 
     def mend(self, rows: dict[str, IndexRow], keep: set[str]) -> None:
         """Add committed folders the index misses, drop rows whose folder is gone.

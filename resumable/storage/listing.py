@@ -53,41 +53,54 @@ class Listing:
         return sorted(infos, key=self.order)
 
     def newest_first(self) -> Iterator[CheckpointInfo]:
-        """Good checkpoints, newest first; manifests are read one at a time, as needed.
+        """Good checkpoints, newest first; a folder is listed and its manifest read only when reached.
 
-        Newer partial or corrupt checkpoints that are skipped are logged as warnings; partial
-        folders older than the newest good one (leftovers of interrupted saves) in one info line.
+        One listing of the folder names orders them (by the name template; folders named
+        otherwise by their manifests, read first). Then each folder is checked in turn, newest
+        first, so the newest good checkpoint costs two more requests however long the run: a
+        resume stops there. After `QUICK_FALLBACK_FOLDERS` folders, one recursive listing
+        serves the rest. Newer partial or corrupt checkpoints that are skipped are logged as
+        warnings; partial folders older than the newest committed one (leftovers of
+        interrupted saves) in one info line, once the walk went past them all.
         """
-        listing = self._folder.listing()
-        committed = [name for name, files in listing.items() if MANIFEST_NAME in files]
+        names = self._folder.folder_names()
         keys: dict[str, tuple[int, int]] = {}
         unparsed = []
-        for name in committed:
+        for name in names:
             key = self.template.parse(name)
             if key is None:
                 unparsed.append(name)
             else:
                 keys[name] = key
-        infos = {info.name: info for info in self._checked(listing, unparsed)}
+        infos = {info.name: info for info in self.check_folders(unparsed)}
         for name in unparsed:  # folders written with another template: ordered by their manifests
-            manifest = infos[name].manifest
+            manifest = infos[name].manifest if name in infos else None
             keys[name] = (manifest.epoch, manifest.step) if manifest else (-1, -1)
-        ordered = sorted(committed, key=lambda n: (keys[n], n), reverse=True)
-        newer = self._partial_newer_than(listing, keys[ordered[0]] if ordered else None)
-        for name in newer:
-            self._warn_once(name, "ignoring", "no manifest (an interrupted save)")
-        older = sorted(name for name, files in listing.items()
-                       if MANIFEST_NAME not in files and name not in newer)
-        if older:  # leftovers, never restored: said once, at info level, as `prune` would delete them
-            logger.info("resumable: %d older partial folder(s) in %s, never restored: %s; retention or "
-                        "`resumable prune` deletes them", len(older), self._folder.url,
-                        printable(", ".join(older[:5])))
-        for name in ordered:
-            info = infos.get(name) or self._check(name, listing[name])
+        files_of = _FolderFiles(self._folder)
+        committed_seen = False  # a folder with a manifest was passed: partial ones after it are older
+        older = []
+        for name in sorted(names, key=lambda n: (keys[n], n), reverse=True):
+            info = infos.get(name)
+            if info is None:
+                files = files_of(name)
+                if not files:
+                    continue  # an empty folder is no checkpoint, as in the full listing
+                info = self._check(name, files) if MANIFEST_NAME in files else None
+            if info is None or info.status is Status.PARTIAL:
+                if committed_seen or name in unparsed:
+                    older.append(name)
+                else:
+                    self._warn_once(name, "ignoring", "no manifest (an interrupted save)")
+                continue
+            committed_seen = True
             if info.ok:
                 yield info
             else:
                 self._warn_once(name, "skipping", info.problem)
+        if older:  # leftovers, never restored: said once, at info level, as `prune` would delete them
+            logger.info("resumable: %d older partial folder(s) in %s, never restored: %s; retention or "
+                        "`resumable prune` deletes them", len(older), self._folder.url,
+                        printable(", ".join(sorted(older)[:5])))
 
     def _warn_once(self, name: str, verb: str, problem: str) -> None:
         """A newer checkpoint passed over, said once: a resume and the fit after it list the run twice."""
@@ -146,13 +159,6 @@ class Listing:
         return [checked_info(name, folder.url_of(name), listing[name],
                              blobs.get(manifests[name]) if name in manifests else None) for name in names]
 
-    def _partial_newer_than(self, listing: dict[str, dict[str, ListedFile]],
-                            newest: tuple[int, int] | None) -> list[str]:
-        """Folders without a manifest whose names say they are newer than ``newest``."""
-        partial = [name for name, files in listing.items() if MANIFEST_NAME not in files]
-        keys = {name: self.template.parse(name) for name in partial}
-        return sorted(n for n, k in keys.items() if k is not None and (newest is None or k > newest))
-
     def _names_and_index(self) -> tuple[list[str], dict[str, CheckpointInfo]]:
         """The folder names (one delimiter listing) and the run index's checkpoints, read together."""
         folder = self._folder
@@ -189,3 +195,21 @@ class Listing:
             names = folder.folder_names()
             return names, indexed_infos(folder, read_index(folder)) if names else {}
         return found, infos
+
+
+class _FolderFiles:
+    """The files of one checkpoint folder at a time: its own listing for the first few asked,
+    then one recursive listing of the run for all the rest (a walk past many damaged ones)."""
+
+    def __init__(self, folder: RunFolder) -> None:
+        self._folder = folder
+        self._asked = 0
+        self._everything: dict[str, dict[str, ListedFile]] | None = None
+
+    def __call__(self, name: str) -> dict[str, ListedFile]:
+        self._asked += 1
+        if self._everything is None and self._asked > QUICK_FALLBACK_FOLDERS:
+            self._everything = self._folder.listing()
+        if self._everything is not None:
+            return self._everything.get(name, {})
+        return self._folder.listing(self._folder.path(name)).get(name, {})

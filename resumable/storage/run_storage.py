@@ -230,6 +230,22 @@ class RunStorage:
         """Delete a checkpoint folder: the manifest first, so a half-done delete reads as partial."""
         self._committer.delete(checkpoint if isinstance(checkpoint, str) else checkpoint.name)
 
+    def delete_many(self, checkpoints: Sequence[CheckpointInfo | str]) -> Iterator[str]:
+        """Delete checkpoint folders in turn, yielding each name once it is gone.
+
+        The run index loses them all in one write, first; the files of an info from a full
+        listing (``checked``) are the ones it listed, others' folders are listed afresh.
+        Costs one delete per file and one lease check (`fence`) per folder, whatever the
+        run's length. See `Committer.delete_listed`.
+        """
+        listed: dict[str, dict[str, ListedFile]] = {}
+        for checkpoint in checkpoints:
+            if isinstance(checkpoint, str):
+                listed[checkpoint] = {}
+            else:
+                listed[checkpoint.name] = dict(checkpoint.listed) if checkpoint.checked else {}
+        return self._committer.delete_listed(listed)
+
     # ----------------------------------------------------------------- small files (the lease)
 
     def read_run_file(self, name: str) -> tuple[bytes, Any] | None:

@@ -13,8 +13,10 @@ import subprocess
 import sys
 import time
 import types
+from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import fsspec
 import pytest
@@ -362,9 +364,14 @@ def test_prune_holds_the_lease_while_deleting_and_gives_it_back(
     url = str(tmp_path / "run")
     build_run(url, tmp_path)
     seen: list[bool] = []
-    original = RunStorage.delete
-    monkeypatch.setattr(RunStorage, "delete", lambda self, info: (
-        seen.append(self.read_run_file("lease.json") is not None), original(self, info)))
+    original = RunStorage.delete_many
+
+    def watched(self: RunStorage, infos: Any) -> Iterator[str]:
+        for name in original(self, infos):  # each one just deleted
+            seen.append(self.read_run_file("lease.json") is not None)
+            yield name
+
+    monkeypatch.setattr(RunStorage, "delete_many", watched)
     code, _, err = cli(capsys, "prune", url, "--keep-last", "1", "--yes")
     assert code == 0, err
     assert seen == [True] * 4
