@@ -1,19 +1,18 @@
 """resume() across real process restarts: interrupted equals uninterrupted, and MirroredStrategy.
 
-Each session is a fresh Python process running tests/jobs/train_job.py, as a Colab notebook
-re-run after a disconnect. MirroredStrategy over two logical CPUs must be configured before
-TensorFlow initializes, which a fresh process guarantees.
+Each session is a process of its own running tests/jobs/train_job.py, as a Colab notebook
+re-run after a disconnect: forked from a server that imported TensorFlow but never initialized
+its devices, so MirroredStrategy's two logical CPUs can still be configured in it.
 """
 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from forked import run_job
 from paths import JOBS
 
 from resumable import RunStorage
@@ -25,12 +24,8 @@ STEPS_PER_EPOCH = 12  # 384 training samples, batch 32
 
 
 def session(url: str | Path, epochs: int, *extra: str) -> str:
-    """Run one training session in a new process; return its stdout."""
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false"}
-    done = subprocess.run(
-        [sys.executable, str(JOB), str(url), "--epochs", str(epochs), *extra],
-        capture_output=True, text=True, timeout=300, env=env,
-    )
+    """Run one training session in a process of its own; return its stdout."""
+    done = run_job(JOB, [str(url), "--epochs", str(epochs), *extra])
     assert done.returncode == 0, done.stdout + done.stderr[-4000:]
     return done.stdout
 
