@@ -108,7 +108,9 @@ def _server(env: Mapping[str, str]) -> _Server:
     backend = env.get("KERAS_BACKEND", "tensorflow")
     with _lock:
         if backend not in _servers:
-            _servers[backend] = _Server(env)
+            # JAX reads JAX_PLATFORMS when it is imported; XLA_FLAGS is each job's own
+            fixed = {"JAX_PLATFORMS": "cpu"} if backend == "jax" else {}
+            _servers[backend] = _Server({**{k: v for k, v in env.items() if k != "XLA_FLAGS"}, **fixed})
         return _servers[backend]
 
 
@@ -118,9 +120,14 @@ def _close_servers() -> None:
         server.close()
 
 
-def job_env(**extra: str) -> dict[str, str]:
-    """This process's environment for a job, quiet TensorFlow and no gcsfs probe, plus ``extra``."""
-    return {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false", **extra}
+def job_env(backend: str | None = None, **extra: str) -> dict[str, str]:
+    """This process's environment for a job: quiet TensorFlow, no gcsfs probe, Keras on ``backend``
+    (this process's KERAS_BACKEND by default), no XLA_FLAGS from outside, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env.update({"TF_CPP_MIN_LOG_LEVEL": "3", "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false"})
+    if backend:
+        env["KERAS_BACKEND"] = backend
+    return {**env, **extra}
 
 
 class ForkedJob:

@@ -4,15 +4,14 @@ every epoch, the newest loaded back with ``resumable.load_model`` and trained on
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 import warnings
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from forked import run_job
 from paths import JOBS
 
 import resumable
@@ -24,9 +23,7 @@ LEGACY_WARNING = "You are saving your model as an HDF5 file"
 
 
 def session(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    done = subprocess.run([sys.executable, str(JOBS / "article_job.py"), str(folder), *args],
-                          capture_output=True, text=True, timeout=300, env=env)
+    done = run_job(JOBS / "article_job.py", [str(folder), *args])
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return done
 

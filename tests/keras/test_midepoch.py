@@ -10,8 +10,6 @@ from __future__ import annotations
 import datetime
 import os
 import signal
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +19,7 @@ import backends
 import numpy as np
 import pytest
 from fit_interrupts import InterruptAt
+from forked import ForkedJob, start_job
 from paths import JOBS
 
 import resumable
@@ -296,13 +295,11 @@ def test_a_second_ctrl_c_stops_at_once_without_saving(tmp_path: Path, ctrl_c_as_
 # ------------------------------------------------------------------------- signals, in a subprocess
 
 
-def job(url: str | Path, *extra: str) -> subprocess.Popen[str]:
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false"}
-    return subprocess.Popen([sys.executable, str(JOB), str(url), *extra], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
+def job(url: str | Path, *extra: str) -> ForkedJob:
+    return start_job(JOB, [str(url), *extra])
 
 
-def read_until(proc: subprocess.Popen[str], wanted: Any, timeout: float = 120) -> list[str]:
+def read_until(proc: ForkedJob, wanted: Any, timeout: float = 120) -> list[str]:
     """Lines of stdout up to and including the first for which ``wanted(line)``; kill on timeout."""
     timer = threading.Timer(timeout, proc.kill)
     timer.start()
@@ -316,10 +313,10 @@ def read_until(proc: subprocess.Popen[str], wanted: Any, timeout: float = 120) -
     finally:
         timer.cancel()
     raise AssertionError("the job ended without the expected line:\n" + "\n".join(lines)
-                         + (proc.stderr.read()[-3000:] if proc.stderr else ""))
+                         + proc.stderr_text()[-3000:])
 
 
-def finish(proc: subprocess.Popen[str], timeout: float = 300) -> tuple[int, str]:
+def finish(proc: ForkedJob, timeout: float = 300) -> tuple[int, str]:
     out, err = proc.communicate(timeout=timeout)
     return proc.returncode, out + err[-3000:]
 

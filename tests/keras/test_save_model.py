@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from test_model_checkpoint import run_job
+from test_model_checkpoint import dropin_job
 
 import resumable
 from resumable import CorruptCheckpointError, DriveNotMountedError
@@ -96,11 +96,11 @@ def test_a_drive_path_is_refused_while_drive_is_not_mounted() -> None:
 def test_killed_mid_save_leaves_the_previous_file(where: str, tmp_path: Path, request: Any) -> None:
     base = str(tmp_path) if where == "local" else request.getfixturevalue("gcs_bucket")
     url = f"{base}/model.keras"
-    run_job("save_model", url, "--epochs", "3", "--kill-at-save", "2", killed=True)
+    dropin_job("save_model", url, "--epochs", "3", "--kill-at-save", "2", killed=True)
     record = resumable.verify_file(url)
     assert record is not None and record.details["step"] == 4  # epoch 1's save, whole
     resumable.load_model(url)
-    run_job("save_model", url, "--epochs", "2")
+    dropin_job("save_model", url, "--epochs", "2")
     record = resumable.verify_file(url)
     assert record is not None and record.details["step"] == 8
     if where == "local":
