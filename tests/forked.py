@@ -25,7 +25,7 @@ import tempfile
 import threading
 from collections.abc import Mapping
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from paths import JOBS
 
@@ -134,24 +134,30 @@ class ForkedJob:
     """A running job, as much of ``subprocess.Popen`` as the tests use."""
 
     def __init__(self, script: Path, argv: list[str], env: Mapping[str, str] | None = None,
-                 stderr: Path | None = None, merge_stderr: bool = False, cwd: Path | None = None) -> None:
+                 stderr: Path | None = None, merge_stderr: bool = False, cwd: Path | None = None,
+                 output: Path | None = None) -> None:
         env = dict(job_env() if env is None else env)
         self._folder = tempfile.TemporaryDirectory(prefix="job-")
-        fifo = Path(self._folder.name) / "stdout"
-        os.mkfifo(fifo)
-        # open the reading end first (without blocking), so the server's open for writing returns
-        reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
         self._stderr_path = Path(stderr) if stderr else Path(self._folder.name) / "stderr"
         self._server = _server(env)
-        self.pid = self._server.start({
-            "script": str(script), "argv": [str(a) for a in argv], "env": env, "fifo": True,
-            "cwd": str(cwd or os.getcwd()), "stdout": str(fifo),
-            "stderr": None if merge_stderr else str(self._stderr_path),
-        })
-        os.set_blocking(reader, True)  # the child holds the writing end now: EOF means it ended
-        self.stdout: IO[str] = open(reader, encoding="utf-8", errors="replace")  # noqa: SIM115
+        request = {"script": str(script), "argv": [str(a) for a in argv], "env": env,
+                   "cwd": str(cwd or os.getcwd())}
+        if output is not None:  # both streams into one file, as ``> output 2>&1``
+            self.pid = self._server.start({**request, "stdout": str(output), "stderr": None})
+            self.stdout = open(os.devnull, encoding="utf-8")  # noqa: SIM115
+        else:
+            fifo = Path(self._folder.name) / "stdout"
+            os.mkfifo(fifo)
+            # open the reading end first (without blocking), so the server's open for writing returns
+            reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+            self.pid = self._server.start({**request, "fifo": True, "stdout": str(fifo),
+                                           "stderr": None if merge_stderr else str(self._stderr_path)})
+            os.set_blocking(reader, True)  # the child holds the writing end now: EOF means it ended
+            self.stdout = open(reader, encoding="utf-8", errors="replace")  # noqa: SIM115
         self.returncode: int | None = None
         self.args = [str(script), *argv]
+        self._lines: queue.Queue[str | None] | None = None
+        self.output_ended = False
 
     def poll(self) -> int | None:
         if self.returncode is None:
@@ -171,6 +177,26 @@ class ForkedJob:
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
+
+    def next_line(self, timeout: float) -> str | None:
+        """The next line of stdout (read on a thread from then on: do not also iterate ``stdout``);
+        None once ``timeout`` s pass first, or at the end of the output (then ``output_ended``)."""
+        if self._lines is None:
+            self._lines = queue.Queue()
+            threading.Thread(target=self._read_lines, args=(self._lines,), daemon=True).start()
+        if self.output_ended:
+            return None
+        try:
+            text = self._lines.get(timeout=max(timeout, 0))
+        except queue.Empty:
+            return None
+        self.output_ended = text is None
+        return text
+
+    def _read_lines(self, lines: queue.Queue[str | None]) -> None:
+        for text in self.stdout:
+            lines.put(text.rstrip("\n"))
+        lines.put(None)
 
     def stderr_text(self) -> str:
         return self._stderr_path.read_text(errors="replace") if self._stderr_path.exists() else ""
@@ -195,9 +221,12 @@ class ForkedJob:
 
 
 def start_job(script: Path, argv: list[str], env: Mapping[str, str] | None = None,
-              stderr: Path | None = None, merge_stderr: bool = False, cwd: Path | None = None) -> ForkedJob:
-    """Start ``python script *argv`` as a child of the fork server; its stdout is read line by line."""
-    return ForkedJob(script, argv, env=env, stderr=stderr, merge_stderr=merge_stderr, cwd=cwd)
+              stderr: Path | None = None, merge_stderr: bool = False, cwd: Path | None = None,
+              output: Path | None = None) -> ForkedJob:
+    """Start ``python script *argv`` as a child of the fork server: its stdout read line by line from
+    ``job.stdout``, its stderr in the file ``stderr`` (or in stdout with ``merge_stderr``); or
+    both written to the file ``output``."""
+    return ForkedJob(script, argv, env=env, stderr=stderr, merge_stderr=merge_stderr, cwd=cwd, output=output)
 
 
 def run_job(script: Path, argv: list[str], env: Mapping[str, str] | None = None, timeout: float = 300,

@@ -7,7 +7,7 @@ process pays it once on the backend KERAS_BACKEND names, then reads one JSON req
 on stdin::
 
     {"id": 3, "script": "tests/jobs/train_job.py", "argv": [...], "env": {...}, "cwd": "...",
-     "stdout": "path or FIFO", "stderr": "path, or null to share stdout's"}
+     "stdout": "path or FIFO", "stderr": "path (appended to), or null to share stdout's"}
 
 and forks: the child takes the request's environment, working folder, ``sys.argv`` and
 ``sys.path[0]``, sends its output to the given files and runs the script as ``__main__``; it then
@@ -46,7 +46,7 @@ def open_output(request: dict) -> tuple[int, int]:
     """The child's stdout and stderr, opened before the fork so that CHILD means they are held."""
     flags = os.O_WRONLY if request.get("fifo") else os.O_WRONLY | os.O_CREAT | os.O_TRUNC
     out = os.open(request["stdout"], flags)
-    err = os.open(request["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC) if request.get("stderr") else out
+    err = os.open(request["stderr"], os.O_WRONLY | os.O_CREAT | os.O_APPEND) if request.get("stderr") else out
     return out, err
 
 

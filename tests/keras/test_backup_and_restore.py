@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from test_model_checkpoint import dropin_job
+from keras_helpers import dropin_job
 
 import resumable
 from resumable import RunStorage

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 from fit_interrupts import InterruptAt
 from forked import ForkedJob, start_job
+from keras_helpers import assert_equal_weights, same_weights, saved_weights
 from paths import JOBS
 
 import resumable
@@ -86,10 +87,6 @@ def fit_args(data: str) -> tuple[tuple[Any, ...], dict[str, Any]]:
     if data == "generator":
         return (endless(),), {**common, "steps_per_epoch": STEPS}
     raise AssertionError(data)
-
-
-def same_weights(a: Any, b: Any) -> bool:
-    return all(np.array_equal(x, y) for x, y in zip(a.get_weights(), b.get_weights(), strict=True))
 
 
 # ------------------------------------------------------------------------- save_interval
@@ -321,11 +318,6 @@ def finish(proc: ForkedJob, timeout: float = 300) -> tuple[int, str]:
     return proc.returncode, out + err[-3000:]
 
 
-def load(path: Path) -> list[np.ndarray]:
-    with np.load(path) as data:
-        return [data[f"arr_{i}"] for i in range(len(data.files))]
-
-
 EPOCHS = 3
 TIMED = ["--epochs", str(EPOCHS), "--save-interval", "0.25", "--batch-sleep", "0.04", "--keep-last", "10"]
 
@@ -336,7 +328,7 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> list[np.ndarray]:
     code, output = finish(job(folder / "run", "--epochs", str(EPOCHS), "--shuffle",
                               "--out", str(folder / "final.npz")))
     assert code == 0, output
-    return load(folder / "final.npz")
+    return saved_weights(folder / "final.npz")
 
 
 def is_mid_epoch_commit(line: str) -> bool:
@@ -367,8 +359,7 @@ def test_sigkill_between_mid_epoch_saves_resumes_at_the_batch_and_equals_uninter
 
     assert code == 0, output
     assert f"RESUMED {latest.name} batch={latest.manifest.batch}" in output
-    for i, (a, b) in enumerate(zip(load(tmp_path / "final.npz"), uninterrupted, strict=True)):
-        assert np.array_equal(a, b), f"weight {i} differs by up to {np.abs(a - b).max()}"
+    assert_equal_weights(saved_weights(tmp_path / "final.npz"), uninterrupted)
     assert RunStorage(url).latest().epoch == EPOCHS  # type: ignore[union-attr]
 
 

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import signal
 import warnings
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from forked import run_job
-from paths import JOBS
+from keras_helpers import dropin_job, same_weights
 
 import resumable
 from resumable import CorruptCheckpointError
@@ -28,10 +26,6 @@ def make_model() -> Any:
                               keras.layers.Dense(3, activation="softmax")])
     model.compile(loss="categorical_crossentropy", optimizer="sgd", metrics=["accuracy"])
     return model
-
-
-def same_weights(a: Any, b: Any) -> bool:
-    return all(np.array_equal(x, y) for x, y in zip(a.get_weights(), b.get_weights(), strict=True))
 
 
 @pytest.mark.lanes
@@ -155,16 +149,6 @@ def test_best_is_carried_across_sessions_with_resume(tmp_path: Path) -> None:
     second, spy = session(3)
     assert np.isfinite(first.best) and spy.seen == first.best  # the new session starts from the old best
     assert second.best <= first.best
-
-
-def dropin_job(kind: str, url: str, *extra: str, killed: bool = False) -> str:
-    """The job's stdout, then its stderr (warnings, Keras' logs)."""
-    done = run_job(JOBS / "dropin_job.py", [kind, url, *extra])
-    if killed:
-        assert done.returncode == -signal.SIGKILL, done.stdout + done.stderr[-3000:]
-    else:
-        assert done.returncode == 0, done.stdout + done.stderr[-3000:]
-    return done.stdout + done.stderr
 
 
 @pytest.mark.slow

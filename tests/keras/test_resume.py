@@ -10,9 +10,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import numpy as np
 import pytest
 from forked import run_job
+from keras_helpers import assert_equal_weights, saved_weights
 from paths import JOBS
 
 from resumable import RunStorage
@@ -30,17 +30,6 @@ def session(url: str | Path, epochs: int, *extra: str) -> str:
     return done.stdout
 
 
-def weights(path: Path) -> list[np.ndarray]:
-    with np.load(path) as data:
-        return [data[f"arr_{i}"] for i in range(len(data.files))]
-
-
-def assert_equal_weights(a: list[np.ndarray], b: list[np.ndarray]) -> None:
-    assert len(a) == len(b)
-    for i, (x, y) in enumerate(zip(a, b, strict=True)):
-        assert np.array_equal(x, y), f"weight {i} differs by up to {np.abs(x - y).max()}"
-
-
 def ready_line(stdout: str) -> str:
     return next(line for line in stdout.splitlines() if line.startswith("READY"))
 
@@ -56,7 +45,7 @@ def test_interrupted_equals_uninterrupted(tmp_path: Path, order: list[str]) -> N
     assert ready_line(first) == "READY initial_epoch=0 step=0"
     assert ready_line(second) == f"READY initial_epoch=3 step={3 * STEPS_PER_EPOCH}"
     assert "saving ckpt-000004" in second and "saving ckpt-000003" not in second
-    assert_equal_weights(weights(tmp_path / "resumed.npz"), weights(tmp_path / "straight.npz"))
+    assert_equal_weights(saved_weights(tmp_path / "resumed.npz"), saved_weights(tmp_path / "straight.npz"))
 
 
 def test_a_finished_run_does_not_train_again(tmp_path: Path) -> None:
@@ -65,7 +54,7 @@ def test_a_finished_run_does_not_train_again(tmp_path: Path) -> None:
 
     assert "complete: 2 of 2 epochs done" in again
     assert "saving" not in again
-    assert_equal_weights(weights(tmp_path / "a.npz"), weights(tmp_path / "b.npz"))
+    assert_equal_weights(saved_weights(tmp_path / "a.npz"), saved_weights(tmp_path / "b.npz"))
 
 
 def test_weights_only_checkpoints_resume_exactly(tmp_path: Path) -> None:
@@ -75,7 +64,7 @@ def test_weights_only_checkpoints_resume_exactly(tmp_path: Path) -> None:
 
     files = RunStorage(str(tmp_path / "run")).latest().manifest.files  # type: ignore[union-attr]
     assert "model.weights.h5" in files and "model.keras" not in files
-    assert_equal_weights(weights(tmp_path / "resumed.npz"), weights(tmp_path / "straight.npz"))
+    assert_equal_weights(saved_weights(tmp_path / "resumed.npz"), saved_weights(tmp_path / "straight.npz"))
 
 
 @pytest.mark.skipif(os.environ.get("KERAS_BACKEND", "tensorflow") != "tensorflow",
@@ -89,14 +78,14 @@ def test_mirrored_strategy_save_resume_and_across(tmp_path: Path) -> None:
     second = session(url, 3, "--strategy", "mirrored", "--restored-out", str(tmp_path / "r2.npz"),
                      "--out", str(tmp_path / "w3.npz"))
     assert ready_line(second) == f"READY initial_epoch=2 step={2 * STEPS_PER_EPOCH}"
-    assert_equal_weights(weights(tmp_path / "r2.npz"), weights(tmp_path / "w2.npz"))
+    assert_equal_weights(saved_weights(tmp_path / "r2.npz"), saved_weights(tmp_path / "w2.npz"))
     # across: strategy to plain
     third = session(url, 4, "--restored-out", str(tmp_path / "r3.npz"), "--out", str(tmp_path / "w4.npz"))
     assert ready_line(third) == f"READY initial_epoch=3 step={3 * STEPS_PER_EPOCH}"
-    assert_equal_weights(weights(tmp_path / "r3.npz"), weights(tmp_path / "w3.npz"))
+    assert_equal_weights(saved_weights(tmp_path / "r3.npz"), saved_weights(tmp_path / "w3.npz"))
     # and back: plain to strategy
     fourth = session(url, 5, "--strategy", "mirrored", "--restored-out", str(tmp_path / "r4.npz"))
     assert ready_line(fourth) == f"READY initial_epoch=4 step={4 * STEPS_PER_EPOCH}"
-    assert_equal_weights(weights(tmp_path / "r4.npz"), weights(tmp_path / "w4.npz"))
+    assert_equal_weights(saved_weights(tmp_path / "r4.npz"), saved_weights(tmp_path / "w4.npz"))
     latest = RunStorage(str(url)).latest()
     assert latest is not None and latest.epoch == 5 and latest.step == 5 * STEPS_PER_EPOCH

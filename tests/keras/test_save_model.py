@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from test_model_checkpoint import dropin_job
+from keras_helpers import dropin_job
 
 import resumable
 from resumable import CorruptCheckpointError, DriveNotMountedError
