@@ -6,9 +6,9 @@
 
 A job started this way is a process of its own (its pid, its signals, its exit status, its atexit
 hooks), but skips the 5-7 s that importing TensorFlow and Keras takes. One server per Keras
-backend (the job's KERAS_BACKEND) lives as long as the test session. Use a real fresh process
-instead for what a fork would hide: what importing does, variables read at import (XLA_FLAGS
-before JAX starts), the command line itself (``python -m``, IPython).
+backend (the job's KERAS_BACKEND) and preload list lives as long as the test session. Use a
+real fresh process instead for what a fork would hide: what importing does, variables read at
+import (XLA_FLAGS before JAX starts), the command line itself (``python -m``, IPython).
 """
 
 from __future__ import annotations
@@ -35,9 +35,9 @@ SERVER = JOBS / "fork_server.py"
 class _Server:
     """One fork server process and the thread that reads its CHILD and EXIT lines."""
 
-    def __init__(self, env: Mapping[str, str]) -> None:
+    def __init__(self, env: Mapping[str, str], preload: tuple[str, ...]) -> None:
         self._log = tempfile.TemporaryFile()  # noqa: SIM115  (closed in close())
-        self.proc = subprocess.Popen([sys.executable, str(SERVER)], stdin=subprocess.PIPE,
+        self.proc = subprocess.Popen([sys.executable, str(SERVER), *preload], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=self._log, text=True, bufsize=1,
                                      env=dict(env))
         self._started: dict[int, queue.Queue[int]] = {}
@@ -100,18 +100,20 @@ class _Server:
         self._log.close()
 
 
-_servers: dict[str, _Server] = {}
+_servers: dict[tuple[str, tuple[str, ...]], _Server] = {}
 _lock = threading.Lock()
 
 
-def _server(env: Mapping[str, str]) -> _Server:
+def _server(env: Mapping[str, str], preload: tuple[str, ...]) -> _Server:
     backend = env.get("KERAS_BACKEND", "tensorflow")
+    key = (backend, preload)
     with _lock:
-        if backend not in _servers:
+        if key not in _servers:
             # JAX reads JAX_PLATFORMS when it is imported; XLA_FLAGS is each job's own
             fixed = {"JAX_PLATFORMS": "cpu"} if backend == "jax" else {}
-            _servers[backend] = _Server({**{k: v for k, v in env.items() if k != "XLA_FLAGS"}, **fixed})
-        return _servers[backend]
+            server_env = {**{k: v for k, v in env.items() if k != "XLA_FLAGS"}, **fixed}
+            _servers[key] = _Server(server_env, preload)
+        return _servers[key]
 
 
 @atexit.register
@@ -135,11 +137,11 @@ class ForkedJob:
 
     def __init__(self, script: Path, argv: list[str], env: Mapping[str, str] | None = None,
                  stderr: Path | None = None, merge_stderr: bool = False, cwd: Path | None = None,
-                 output: Path | None = None) -> None:
+                 output: Path | None = None, preload: tuple[str, ...] = ()) -> None:
         env = dict(job_env() if env is None else env)
         self._folder = tempfile.TemporaryDirectory(prefix="job-")
         self._stderr_path = Path(stderr) if stderr else Path(self._folder.name) / "stderr"
-        self._server = _server(env)
+        self._server = _server(env, tuple(preload))
         request = {"script": str(script), "argv": [str(a) for a in argv], "env": env,
                    "cwd": str(cwd or os.getcwd())}
         if output is not None:  # both streams into one file, as ``> output 2>&1``
@@ -222,16 +224,18 @@ class ForkedJob:
 
 def start_job(script: Path, argv: list[str], env: Mapping[str, str] | None = None,
               stderr: Path | None = None, merge_stderr: bool = False, cwd: Path | None = None,
-              output: Path | None = None) -> ForkedJob:
+              output: Path | None = None, preload: tuple[str, ...] = ()) -> ForkedJob:
     """Start ``python script *argv`` as a child of the fork server: its stdout read line by line from
     ``job.stdout``, its stderr in the file ``stderr`` (or in stdout with ``merge_stderr``); or
-    both written to the file ``output``."""
-    return ForkedJob(script, argv, env=env, stderr=stderr, merge_stderr=merge_stderr, cwd=cwd, output=output)
+    both written to the file ``output``. ``preload``: more modules the job's server imports once
+    (a server of their own per backend, so that jobs without them never find them imported)."""
+    return ForkedJob(script, argv, env=env, stderr=stderr, merge_stderr=merge_stderr, cwd=cwd, output=output,
+                     preload=preload)
 
 
 def run_job(script: Path, argv: list[str], env: Mapping[str, str] | None = None, timeout: float = 300,
-            cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+            cwd: Path | None = None, preload: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
     """``subprocess.run([python, script, *argv], capture_output=True, text=True)``, forked."""
-    job = start_job(script, argv, env=env, cwd=cwd)
+    job = start_job(script, argv, env=env, cwd=cwd, preload=preload)
     out, err = job.communicate(timeout=timeout)
     return subprocess.CompletedProcess(job.args, job.wait(), out, err)

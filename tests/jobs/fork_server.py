@@ -1,9 +1,10 @@
 """A job server: imports Keras once, then forks one process per job script it is asked to run.
 
-    python tests/jobs/fork_server.py        (started by tests/forked.py, never by hand)
+    python tests/jobs/fork_server.py [MODULE ...]     (started by tests/forked.py, never by hand)
 
 Importing TensorFlow and Keras takes 5-7 s here, most of a small training job's time. This
-process pays it once on the backend KERAS_BACKEND names, then reads one JSON request per line
+process pays it once on the backend KERAS_BACKEND names (and imports the MODULEs named, such
+as keras_hub, which imports TensorFlow even on JAX: a server of its own), then reads one JSON request per line
 on stdin::
 
     {"id": 3, "script": "tests/jobs/train_job.py", "argv": [...], "env": {...}, "cwd": "...",
@@ -31,8 +32,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
 
-def preload() -> None:
+def preload(modules: list[str]) -> None:
     """The expensive imports every job shares."""
+    import importlib
+
     import keras
 
     if keras.backend.backend() == "tensorflow":
@@ -40,6 +43,9 @@ def preload() -> None:
     import numpy  # noqa: F401
 
     import resumable.keras.run  # noqa: F401
+
+    for name in modules:
+        importlib.import_module(name)
 
 
 def open_output(request: dict) -> tuple[int, int]:
@@ -54,7 +60,6 @@ def run_child(request: dict, out: int, err: int) -> int:
     """In the forked child: become the job's process and run its script; return its exit code."""
     import runpy
     import tempfile
-    import traceback
 
     signal.signal(signal.SIGINT, signal.default_int_handler)
     null = os.open(os.devnull, os.O_RDONLY)
@@ -81,7 +86,7 @@ def run_child(request: dict, out: int, err: int) -> int:
         if e.code is not None and not isinstance(e.code, int):
             print(e.code, file=sys.stderr)
     except BaseException:
-        traceback.print_exc()
+        sys.excepthook(*sys.exc_info())  # as the interpreter reports an uncaught exception
         code = 1
     sys.stdout.flush()
     sys.stderr.flush()
@@ -90,7 +95,7 @@ def run_child(request: dict, out: int, err: int) -> int:
 
 def serve() -> int:
     """Fork a job per request; report each child's pid and exit status. Returns in each child."""
-    preload()
+    preload(sys.argv[1:])
     print("SERVER READY", flush=True)
     pending = b""
     children: set[int] = set()

@@ -16,6 +16,16 @@ def same_weights(a: Any, b: Any) -> bool:
     return all(np.array_equal(x, y) for x, y in zip(a.get_weights(), b.get_weights(), strict=True))
 
 
+def same_state(a: Any, b: Any) -> bool:
+    """Whether two models hold bitwise-equal weights and optimizer variables."""
+    sa, sb = _state(a), _state(b)
+    return len(sa) == len(sb) and all(np.array_equal(x, y) for x, y in zip(sa, sb, strict=True))
+
+
+def _state(model: Any) -> list[np.ndarray]:
+    return [np.asarray(v) for v in (*model.weights, *model.optimizer.variables)]
+
+
 def saved_weights(path: Path) -> list[np.ndarray]:
     """The weights a job wrote with ``np.savez(path, *model.get_weights())``, in order."""
     with np.load(path) as data:

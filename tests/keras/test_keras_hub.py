@@ -48,14 +48,15 @@ def arguments(url: Path, *extra: str) -> list[str]:
 
 
 def session(backend: str, url: Path, *extra: str) -> str:
-    done = run_job(JOB, arguments(url, *extra), env=job_env(backend))
+    done = run_job(JOB, arguments(url, *extra), env=job_env(backend), preload=("keras_hub",))
     assert done.returncode == 0, done.stdout + done.stderr[-4000:]
     return done.stdout
 
 
 def killed_session(backend: str, url: Path) -> list[str]:
     """Train until the first mid-epoch checkpoint of epoch 2 is committed, then SIGKILL."""
-    job = start_job(JOB, arguments(url, "--trainable-only", "--batch-sleep", "0.3"), env=job_env(backend))
+    job = start_job(JOB, arguments(url, "--trainable-only", "--batch-sleep", "0.3"), env=job_env(backend),
+                    preload=("keras_hub",))
     lines = []
     assert job.stdout is not None
     try:
