@@ -35,10 +35,18 @@ COUNTED = (
 
 
 def stage(folder: Path, files: dict[str, bytes] | None = None) -> Path:
+    """Write ``files`` (relative path -> bytes; FILES by default) into the staging ``folder``."""
     for rel, data in (files or FILES).items():
         (folder / rel).parent.mkdir(parents=True, exist_ok=True)
         (folder / rel).write_bytes(data)
     return folder
+
+
+def staged_checkpoint(root: Path, epoch: int, files: dict[str, bytes]) -> tuple[Path, str, Manifest]:
+    """Checkpoint ``epoch``'s ``files`` staged in ``root/staging/ckpt-<epoch>``; its folder, name and
+    manifest (step ``10 * epoch``), as an uploader is given them."""
+    name = f"ckpt-{epoch:06d}"
+    return stage(root / "staging" / name, files), name, Manifest(epoch=epoch, step=epoch * 10)
 
 
 def commit(

@@ -11,15 +11,13 @@ final weights to ``--out``. Prints one marker per line on stdout, flushed:
     LOG resumable: saved <name>        a save is committed
     DONE epochs=<n>                    training finished
 
-``--zygote`` imports TensorFlow once, then forks one job per line of JSON arguments read
-on stdin, printing ``CHILD <pid>`` and ``EXIT <pid> <status>``: restarts cost ~1 s instead
-of the 5-7 s TensorFlow takes to import. Each job is still a separate process that SIGKILL ends.
+Tests fork it from the job server (tests/forked.py): restarts cost ~1 s instead of the 5-7 s
+TensorFlow takes to import. Each job is still a separate process that SIGKILL ends.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
@@ -48,7 +46,6 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--batch-sleep", type=float, default=0.0, help="sleep this long after each batch")
     parser.add_argument("--data", choices=["arrays", "tfdata"], default="arrays")
     parser.add_argument("--max-shard-size", type=float, default=1.0, help="GiB, as in the callback")
-    parser.add_argument("--zygote", action="store_true")
     return parser.parse_args(argv)
 
 
@@ -162,39 +159,5 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def zygote() -> int:
-    """Import once, then fork a job per line of JSON arguments on stdin."""
-    import keras  # noqa: F401  (the expensive imports, shared by every child)
-
-    if on_tensorflow():
-        import tensorflow  # noqa: F401
-
-    import resumable.keras.run  # noqa: F401
-
-    print("ZYGOTE READY", flush=True)
-    for line in sys.stdin:
-        argv = json.loads(line)
-        pid = os.fork()
-        if pid == 0:
-            code = 1
-            try:
-                code = main(argv)
-            except BaseException as e:  # report, then leave without running the parent's cleanup
-                print(f"ERROR {type(e).__name__}: {e}", flush=True)
-                import traceback
-
-                traceback.print_exc()
-            finally:
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(code)
-        print(f"CHILD {pid}", flush=True)
-        _, status = os.waitpid(pid, 0)
-        print(f"EXIT {pid} {status}", flush=True)
-    return 0
-
-
 if __name__ == "__main__":
-    if "--zygote" in sys.argv[1:]:
-        sys.exit(zygote())
     sys.exit(main(sys.argv[1:]))

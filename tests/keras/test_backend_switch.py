@@ -1,5 +1,6 @@
 """A run started on one Keras backend continues on the other: TensorFlow (a Colab GPU runtime)
-and JAX (a TPU VM), both ways, each session a real process (tests/jobs/backend_job.py) on CPU.
+and JAX (a TPU VM), both ways, each session a process of its own (tests/jobs/backend_job.py,
+forked from that backend's job server) on CPU.
 
 Resuming on the other backend loads the same weights, optimizer state (iterations, Adam's
 moments), layers' RNG states, epoch, best value and history; training goes on to the planned
@@ -9,14 +10,12 @@ epochs; one line says so. Floating point is not compared across backends: only t
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from forked import job_env, run_job
 from paths import JOBS
 
 from resumable import RunStorage
@@ -26,10 +25,8 @@ NAMES = {"tensorflow": "TensorFlow", "jax": "JAX"}
 
 
 def session(backend: str, url: Path, epochs: int, *extra: str) -> str:
-    env = {**{k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}, "KERAS_BACKEND": backend,
-           "TF_CPP_MIN_LOG_LEVEL": "3", "JAX_PLATFORMS": "cpu"}
-    done = subprocess.run([sys.executable, str(JOB), str(url), "--epochs", str(epochs), *extra],
-                          capture_output=True, text=True, timeout=300, env=env)
+    done = run_job(JOB, [str(url), "--epochs", str(epochs), *extra],
+                   env=job_env(backend, JAX_PLATFORMS="cpu"))
     assert done.returncode == 0, done.stdout + done.stderr[-4000:]
     assert f"DONE epochs={epochs}" in done.stdout
     if backend == "jax":

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from test_model_checkpoint import run_job
+from keras_helpers import dropin_job
 
 import resumable
 from resumable import RunStorage
@@ -116,9 +116,9 @@ def test_resume_continues_a_mid_epoch_backup_at_its_batch(tmp_path: Path, capsys
 @pytest.mark.parametrize("where", ["local", "gcs"])
 def test_killed_mid_backup_restores_the_previous_one(where: str, tmp_path: Path, request: Any) -> None:
     url = str(tmp_path / "backup") if where == "local" else request.getfixturevalue("gcs_bucket") + "/backup"
-    run_job("backup_and_restore", url, "--epochs", "4", "--kill-at-save", "2", killed=True)
+    dropin_job("backup_and_restore", url, "--epochs", "4", "--kill-at-save", "2", killed=True)
     statuses = {c.name: c.status.value for c in RunStorage(url).list()}
     assert statuses.get("ckpt-000001") == "ok" and statuses.get("ckpt-000002") != "ok"
-    out = run_job("backup_and_restore", url, "--epochs", "4")
+    out = dropin_job("backup_and_restore", url, "--epochs", "4")
     assert "EPOCHS 3 FIRST 1" in out  # continued after epoch 1
     assert out.count("no manifest (an interrupted save)") == 1  # the partial backup said once

@@ -10,6 +10,7 @@ from typing import Any
 import backends
 import numpy as np
 import pytest
+from keras_helpers import same_weights
 
 import resumable
 from resumable import (
@@ -45,10 +46,6 @@ def make_model(units: int = 16, dropout: bool = False) -> Any:
     )
     model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse")
     return model
-
-
-def same_weights(a: Any, b: Any) -> bool:
-    return all(np.array_equal(x, y) for x, y in zip(a.get_weights(), b.get_weights(), strict=True))
 
 
 # ------------------------------------------------------------------------- arguments

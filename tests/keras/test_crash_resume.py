@@ -1,27 +1,25 @@
 """SIGKILL a training process at random moments, some inside saves; every restart must succeed.
 
-A zygote process (tests/jobs/train_job.py --zygote) imports TensorFlow once and forks one
-training process per attempt; the test kills that process with SIGKILL, as a Colab runtime dies,
-and starts another until one finishes. The final weights must equal those of a run never killed.
+The job server (tests/forked.py) imports TensorFlow once and forks one training process
+(tests/jobs/train_job.py) per attempt; the test kills that process with SIGKILL, as a Colab
+runtime dies, and starts another until one finishes. The final weights must equal those of a
+run never killed, in a fresh Python process.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import queue
 import random
 import signal
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pytest
+from forked import ForkedJob, start_job
 from paths import JOBS
 
 from resumable import RunStorage
@@ -33,62 +31,11 @@ EPOCHS = 150
 KILLS = int(os.environ.get("RESUMABLE_TEST_KILLS", "20"))
 
 
-class Zygote:
-    """The forking job server: start a job, read its output lines, kill it."""
-
-    def __init__(self, log: Path) -> None:
-        env = {**os.environ, "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false", "TF_CPP_MIN_LOG_LEVEL": "3"}
-        self._stderr = log.open("w")
-        self.proc = subprocess.Popen(
-            [sys.executable, str(JOB), "--zygote"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=self._stderr, text=True, bufsize=1, env=env,
-        )
-        self.lines: queue.Queue[tuple[float, str]] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-        self.expect("ZYGOTE READY", timeout=120)
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.put((time.monotonic(), line.rstrip("\n")))
-        self.lines.put((time.monotonic(), "EOF"))
-
-    def next(self, timeout: float) -> str | None:
-        try:
-            return self.lines.get(timeout=max(timeout, 0))[1]
-        except queue.Empty:
-            return None
-
-    def expect(self, prefix: str, timeout: float) -> str:
-        deadline = time.monotonic() + timeout
-        while (line := self.next(deadline - time.monotonic())) is not None:
-            if line.startswith(prefix):
-                return line
-            if line == "EOF":
-                break
-        raise AssertionError(f"no {prefix!r} line from the job server within {timeout} s")
-
-    def start(self, argv: list[str]) -> int:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps(argv) + "\n")
-        self.proc.stdin.flush()
-        return int(self.expect("CHILD ", timeout=30).split()[1])
-
-    def close(self) -> None:
-        if self.proc.stdin:
-            self.proc.stdin.close()
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-        self._stderr.close()
-
-
 @dataclass
 class Attempt:
     """What one training process printed before it ended."""
 
-    pid: int
+    job: ForkedJob
     lines: list[str] = field(default_factory=list)
     status: int | None = None
 
@@ -100,24 +47,33 @@ class Attempt:
 
     @property
     def failed(self) -> bool:
-        return any(line.startswith("ERROR") for line in self.lines)
+        return self.status not in (0, -signal.SIGKILL)
+
+    def output(self) -> str:
+        return "\n".join(self.lines) + "\n" + self.job.stderr_text()[-3000:]
+
+    def finish(self, timeout: float) -> None:
+        """Read the rest of its output; its return code once it ended."""
+        while (line := self.job.next_line(timeout)) is not None:
+            self.lines.append(line)
+        self.status = self.job.wait(timeout=30)
 
 
-def run_attempt(zygote: Zygote, argv: list[str], rng: random.Random) -> Attempt:
+def run_attempt(argv: list[str], rng: random.Random) -> Attempt:
     """Start a job and SIGKILL it at a random moment: while starting, while training or inside a save."""
-    attempt = Attempt(zygote.start(argv))
+    attempt = Attempt(start_job(JOB, argv))
     mode = rng.choices(["starting", "training", "saving"], weights=[2, 4, 4])[0]
     saves = 0
     wanted_saves = rng.randint(1, 4)
     deadline = time.monotonic() + (rng.uniform(0, 1.0) if mode == "starting" else 60)
     while True:
-        line = zygote.next(deadline - time.monotonic())
+        line = attempt.job.next_line(deadline - time.monotonic())
         if line is None:
+            if attempt.job.output_ended:
+                attempt.finish(30)
+                return attempt  # it ended by itself
             break  # the moment to kill has come
         attempt.lines.append(line)
-        if line.startswith(f"EXIT {attempt.pid} "):
-            attempt.status = int(line.split()[2])
-            return attempt  # it ended by itself
         if line.startswith("READY") and mode == "training":
             # the first epoch includes tracing the train step (about a second here)
             deadline = time.monotonic() + rng.uniform(0, 3.0)
@@ -127,43 +83,24 @@ def run_attempt(zygote: Zygote, argv: list[str], rng: random.Random) -> Attempt:
                 # a save takes a few hundredths of a second locally, more on GCS: land inside it
                 time.sleep(rng.uniform(0, 0.05))
                 break
-    os.kill(attempt.pid, signal.SIGKILL)
-    while (line := zygote.next(30)) is not None:
-        attempt.lines.append(line)
-        if line.startswith(f"EXIT {attempt.pid} "):
-            attempt.status = int(line.split()[2])
-            break
+    os.kill(attempt.job.pid, signal.SIGKILL)
+    attempt.finish(30)
     return attempt
 
 
-def train_until_done(zygote: Zygote, job: list[str], out: Path, seed: int, kills: int
-                     ) -> tuple[list[Attempt], Attempt]:
+def train_until_done(job: list[str], out: Path, seed: int, kills: int) -> tuple[list[Attempt], Attempt]:
     rng = random.Random(seed)
     argv = [*job, "--epochs", str(EPOCHS), "--out", str(out)]
     killed: list[Attempt] = []
     while len(killed) < kills:
-        attempt = run_attempt(zygote, argv, rng)
-        output = "\n".join(attempt.lines)
-        assert not attempt.failed, f"restart {len(killed) + 1} failed:\n{output}"
-        assert attempt.status is not None, f"no exit status for {attempt.pid}:\n{output}"
+        attempt = run_attempt(argv, rng)
+        assert not attempt.failed, f"restart {len(killed) + 1} failed ({attempt.status}):\n{attempt.output()}"
         if attempt.status == 0:
-            pytest.fail(f"the run finished after only {len(killed)} kills; raise EPOCHS\n{output}")
-        assert os.WIFSIGNALED(attempt.status) and os.WTERMSIG(attempt.status) == signal.SIGKILL, output
+            pytest.fail(f"the run finished after only {len(killed)} kills; raise EPOCHS\n{attempt.output()}")
         killed.append(attempt)
-    final = Attempt(zygote.start(argv))
-    while (line := zygote.next(300)) is not None:
-        final.lines.append(line)
-        if line.startswith(f"EXIT {final.pid} "):
-            final.status = int(line.split()[2])
-            break
+    final = Attempt(start_job(JOB, argv))
+    final.finish(300)
     return killed, final
-
-
-@pytest.fixture(scope="module")
-def zygote(gcs_server: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Zygote]:
-    server = Zygote(tmp_path_factory.mktemp("zygote") / "stderr.log")
-    yield server
-    server.close()
 
 
 @pytest.fixture(scope="module")
@@ -189,17 +126,17 @@ SHARDED = ["--max-shard-size", "2e-6"]
     ("local", [], KILLS), ("gcs", [], KILLS), ("gcs", SHARDED, KILLS // 2),
 ], ids=["local", "gcs", "gcs-sharded"])
 def test_sigkill_at_random_moments_then_resume_equals_uninterrupted(
-    where: str, options: list[str], kills: int, zygote: Zygote, uninterrupted: dict[str, np.ndarray],
+    where: str, options: list[str], kills: int, uninterrupted: dict[str, np.ndarray],
     tmp_path: Path, request: pytest.FixtureRequest,
 ) -> None:
     url = str(tmp_path / "run") if where == "local" else request.getfixturevalue("gcs_bucket") + "/runs/crash"
     url += "-sharded" if options else ""
     out = tmp_path / "final.npz"
 
-    killed, final = train_until_done(zygote, [url, *options], out, seed=1234 if where == "local" else 4321,
-                                     kills=kills)
+    seed = 1234 if where == "local" else 4321
+    killed, final = train_until_done([url, *options], out, seed=seed, kills=kills)
 
-    output = "\n".join(final.lines)
+    output = final.output()
     assert final.status == 0 and any(line.startswith("DONE") for line in final.lines), output
     assert len(killed) >= kills
     resumed_at = [

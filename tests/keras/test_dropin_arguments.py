@@ -7,7 +7,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from forked import job_env, run_job
 from gated_fs import GatedFS
 from paths import JOBS
 
@@ -45,10 +45,7 @@ def test_every_argument_as_keras_on_tensorflow(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_every_argument_as_keras_on_jax(tmp_path: Path) -> None:
-    env = {**{k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}, "KERAS_BACKEND": "jax",
-           "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "3"}
-    done = subprocess.run([sys.executable, str(GRID_JOB), str(tmp_path / "grid")], capture_output=True,
-                          text=True, timeout=600, env=env)
+    done = run_job(GRID_JOB, [str(tmp_path / "grid")], env=job_env("jax", JAX_PLATFORMS="cpu"), timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["backend"] == "jax" and result["cases"] >= 19

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import backends
 import numpy as np
 import pytest
+from forked import ForkedJob, job_env, start_job
+from keras_helpers import assert_equal_weights, saved_weights
 from paths import JOBS
 
 # The job builds tf.data pipelines and reads TensorBoard's files: a lane without TensorFlow (Colab's
@@ -57,25 +57,21 @@ SAID = {
 CANNOT = "cannot be replayed exactly"
 
 
-def env(backend: str) -> dict[str, str]:
-    return {**os.environ, "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "3",
-            "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false"}
-
-
 def phases(out: Path, backend: str) -> None:
-    """Every case unbroken, beside: every case stopped, then resumed in a new process."""
-    chains = [[("unbroken", EXACT)], [("stop", [*EXACT, *SAID]), ("resume", [*EXACT, *SAID])]]
-    procs = []
-    for chain in chains:  # each chain in order, in a shell of its own
-        command = " && ".join(
-            f"{sys.executable} {JOB} {phase} {out} {' '.join(cases)} > {out}/{phase}.log 2>&1"
-            for phase, cases in chain)
-        procs.append(subprocess.Popen(["bash", "-c", command], env=env(backend)))
-    for proc, chain in zip(procs, chains, strict=True):
-        code = proc.wait(timeout=900)
-        logs = "\n".join((out / f"{phase}.log").read_text()[-3000:] for phase, _ in chain
-                         if (out / f"{phase}.log").exists())
-        assert code == 0, f"{[phase for phase, _ in chain]} exited with {code}:\n{logs}"
+    """Every case unbroken, beside: every case stopped, then resumed in a new process (each
+    process forked from the backend's job server)."""
+
+    def start(phase: str, cases: list[str]) -> ForkedJob:
+        return start_job(JOB, [phase, str(out), *cases], env=job_env(backend), output=out / f"{phase}.log")
+
+    def finish(phase: str, job: ForkedJob) -> None:
+        code = job.wait(timeout=900)
+        assert code == 0, f"{phase} exited with {code}:\n" + (out / f"{phase}.log").read_text()[-3000:]
+
+    unbroken = start("unbroken", EXACT)
+    for phase in ("stop", "resume"):
+        finish(phase, start(phase, [*EXACT, *SAID]))
+    finish("unbroken", unbroken)
 
 
 @pytest.fixture(scope="module", params=BACKENDS)
@@ -92,14 +88,7 @@ def report(out: Path, case: str, phase: str) -> dict[str, Any]:
 
 
 def weights(out: Path, case: str, phase: str) -> list[np.ndarray]:
-    with np.load(out / f"{case}-{phase}.npz") as data:
-        return [data[f"arr_{i}"] for i in range(len(data.files))]
-
-
-def assert_same_weights(a: list[np.ndarray], b: list[np.ndarray], what: str) -> None:
-    assert len(a) == len(b)
-    for i, (x, y) in enumerate(zip(a, b, strict=True)):
-        assert np.array_equal(x, y), f"{what}: weight {i} differs by up to {np.abs(x - y).max()}"
+    return saved_weights(out / f"{case}-{phase}.npz")
 
 
 def said(found: dict[str, Any]) -> list[str]:
@@ -112,7 +101,7 @@ def test_resumed_run_equals_the_unbroken_run(results: Path, case: str, stop: str
     unbroken, resumed = report(results, case, "unbroken"), report(results, case, f"resume-{stop}")
     report(results, case, f"stop-{stop}")
 
-    assert_same_weights(weights(results, case, f"resume-{stop}"), weights(results, case, "unbroken"), case)
+    assert_equal_weights(weights(results, case, f"resume-{stop}"), weights(results, case, "unbroken"), case)
     assert resumed["history"] == unbroken["history"]  # the resumed epoch's metrics too
     assert said(resumed) == []
 
@@ -141,7 +130,7 @@ def test_running_a_finished_run_again_gives_the_model_it_ended_with(results: Pat
     resumed = report(results, case, f"resume-{stop}")
 
     assert line in resumed["rerun"]
-    assert_same_weights(weights(results, case, f"resume-{stop}-rerun"), weights(results, case, "unbroken"),
+    assert_equal_weights(weights(results, case, f"resume-{stop}-rerun"), weights(results, case, "unbroken"),
                         f"{case} run again")
 
 

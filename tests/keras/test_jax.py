@@ -1,9 +1,11 @@
 """Keras 3 on JAX: resume, SIGKILL, keras.distribution and several jax.distributed processes.
 
 The backend is chosen when Keras is imported and this process runs Keras on TensorFlow, so
-every scenario runs tests/jobs/jax_job.py in fresh processes (KERAS_BACKEND=jax), as a Colab
-TPU notebook re-run after a disconnect. Every job also reports whether anything imported
-TensorFlow: resumable must not, since Colab's TPU runtimes have none.
+every scenario runs tests/jobs/jax_job.py in processes of its own (KERAS_BACKEND=jax), as a
+Colab TPU notebook re-run after a disconnect: forked from the JAX job server, except where XLA
+must see other devices (XLA_FLAGS) or several processes form one JAX program: fresh processes.
+Every job also reports whether anything imported TensorFlow: resumable must not, since Colab's
+TPU runtimes have none (the JAX job server never imports it).
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ import threading
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
+from forked import ForkedJob, run_job, start_job
+from keras_helpers import assert_equal_weights, saved_weights
 from paths import JOBS
 
 import resumable
@@ -44,10 +47,15 @@ def env() -> dict[str, str]:
             "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false", "TF_CPP_MIN_LOG_LEVEL": "3"}
 
 
-def session(url: str | Path, epochs: int, *extra: str) -> str:
-    """One training session in a new process; returns its stdout after checking it went well."""
-    done = subprocess.run([sys.executable, str(JOB), str(url), "--epochs", str(epochs), *extra],
-                          capture_output=True, text=True, timeout=300, env=env())
+def session(url: str | Path, epochs: int, *extra: str, fresh: bool = False) -> str:
+    """One training session in a process of its own (a fresh Python with ``fresh``); returns its
+    stdout after checking it went well."""
+    argv = [str(url), "--epochs", str(epochs), *extra]
+    if fresh:
+        done = subprocess.run([sys.executable, str(JOB), *argv], capture_output=True, text=True, timeout=300,
+                              env=env())
+    else:
+        done = run_job(JOB, argv, env=env())
     assert done.returncode == 0, done.stdout + done.stderr[-4000:]
     assert_no_tensorflow(done.stdout)
     return done.stdout
@@ -57,16 +65,8 @@ def assert_no_tensorflow(stdout: str) -> None:
     assert "TENSORFLOW imported=False" in stdout.splitlines(), stdout
 
 
-def weights(path: Path) -> list[np.ndarray]:
-    with np.load(path) as data:
-        return [data[f"arr_{i}"] for i in range(len(data.files))]
-
-
-def assert_equal_weights(a: Path, b: Path) -> None:
-    x, y = weights(a), weights(b)
-    assert len(x) == len(y)
-    for i, (u, v) in enumerate(zip(x, y, strict=True)):
-        assert np.array_equal(u, v), f"weight {i} differs by up to {np.abs(u - v).max()}"
+def assert_same_saved_weights(a: Path, b: Path) -> None:
+    assert_equal_weights(saved_weights(a), saved_weights(b))
 
 
 def line(stdout: str, prefix: str) -> str:
@@ -146,7 +146,7 @@ def test_interrupted_equals_uninterrupted_on_jax(tmp_path: Path, extra: list[str
     assert line(second, "READY") == f"READY initial_epoch=3 step={3 * STEPS_PER_EPOCH}"
     lines = second.splitlines()
     assert "LOG resumable: saving ckpt-000004" in lines and "LOG resumable: saving ckpt-000003" not in lines
-    assert_equal_weights(tmp_path / "resumed.npz", uninterrupted)
+    assert_same_saved_weights(tmp_path / "resumed.npz", uninterrupted)
     latest = RunStorage(str(tmp_path / "run")).latest()
     assert latest is not None and latest.manifest is not None
     assert "jax" in latest.manifest.versions and "tensorflow" not in latest.manifest.versions
@@ -159,21 +159,21 @@ def test_data_parallel_over_two_host_devices_save_resume_and_across(tmp_path: Pa
     url = tmp_path / "run"
     two = ("--host-devices", "2")
     # saved under DataParallel over two forced CPU devices, given to resume()
-    first = session(url, 2, *two, "--distribution", "arg", "--out", str(tmp_path / "w2.npz"))
+    first = session(url, 2, *two, "--distribution", "arg", "--out", str(tmp_path / "w2.npz"), fresh=True)
     assert "LAYOUT devices=2" in first and "saving ckpt-000002" in first
     # resumed under it, set globally this time: exact weights, laid out over both devices again
     second = session(url, 3, *two, "--distribution", "global", "--restored-out", str(tmp_path / "r2.npz"),
-                     "--out", str(tmp_path / "w3.npz"))
+                     "--out", str(tmp_path / "w3.npz"), fresh=True)
     assert line(second, "READY") == f"READY initial_epoch=2 step={2 * STEPS_PER_EPOCH}"
     assert "LAYOUT devices=2" in second
-    assert_equal_weights(tmp_path / "r2.npz", tmp_path / "w2.npz")
+    assert_same_saved_weights(tmp_path / "r2.npz", tmp_path / "w2.npz")
     manifest = RunStorage(str(url)).latest().manifest  # type: ignore[union-attr]
     assert manifest is not None and (manifest.processes, manifest.devices) == (1, 2)
     # across: two devices to one, without a distribution
-    third = session(url, 4, "--restored-out", str(tmp_path / "r3.npz"))
+    third = session(url, 4, "--restored-out", str(tmp_path / "r3.npz"), fresh=True)
     assert line(third, "READY") == f"READY initial_epoch=3 step={3 * STEPS_PER_EPOCH}"
     assert "LAYOUT devices=1" in third
-    assert_equal_weights(tmp_path / "r3.npz", tmp_path / "w3.npz")
+    assert_same_saved_weights(tmp_path / "r3.npz", tmp_path / "w3.npz")
     latest = RunStorage(str(url)).latest()
     assert latest is not None and latest.manifest is not None
     assert (latest.epoch, latest.manifest.devices) == (4, 1)
@@ -186,12 +186,17 @@ KILLS = int(os.environ.get("RESUMABLE_TEST_JAX_KILLS", "3"))
 
 
 class Job:
-    """A training process whose stdout lines arrive on a queue, to kill at a chosen line."""
+    """A training process whose stdout lines arrive on a queue, to kill at a chosen line: forked
+    from the job server, or a fresh Python with ``fresh`` (a process of a several-process program)."""
 
-    def __init__(self, argv: list[str], log: Path) -> None:
+    def __init__(self, argv: list[str], log: Path, fresh: bool = False) -> None:
         self._stderr = log.open("a")
-        self.proc = subprocess.Popen([sys.executable, str(JOB), *argv], stdout=subprocess.PIPE,
-                                     stderr=self._stderr, text=True, bufsize=1, env=env())
+        self.proc: subprocess.Popen[str] | ForkedJob
+        if fresh:
+            self.proc = subprocess.Popen([sys.executable, str(JOB), *argv], stdout=subprocess.PIPE,
+                                         stderr=self._stderr, text=True, bufsize=1, env=env())
+        else:
+            self.proc = start_job(JOB, argv, env=env(), stderr=log)
         self.lines: list[str] = []
         self._queue: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
@@ -262,7 +267,7 @@ def test_sigkill_then_resume_equals_uninterrupted_on_jax(where: str, tmp_path: P
     resumed_at = [line("\n".join(a.lines), "READY") for a in attempts[1:]] + [line(final, "READY")]
     print("\n".join(resumed_at))
     assert any(not text.endswith("step=0") for text in resumed_at), resumed_at
-    assert_equal_weights(tmp_path / "resumed.npz", uninterrupted)
+    assert_same_saved_weights(tmp_path / "resumed.npz", uninterrupted)
     checkpoints = RunStorage(url).list()
     assert checkpoints[-1].epoch == EPOCHS
     assert all(c.ok for c in checkpoints), [(c.name, c.status, c.problem) for c in checkpoints]
@@ -283,7 +288,7 @@ def program(url: str | Path, epochs: int, tmp_path: Path, tag: str, *extra: str)
     return [
         Job([str(url), "--epochs", str(epochs), "--processes", "2", "--process-id", str(i),
              "--coordinator", coordinator, "--out", str(tmp_path / f"{tag}-p{i}.npz"), *extra],
-            tmp_path / f"{tag}-p{i}.log")
+            tmp_path / f"{tag}-p{i}.log", fresh=True)
         for i in range(2)
     ]
 
@@ -306,7 +311,7 @@ def test_two_jax_processes_only_process_0_writes_and_both_resume_alike(tmp_path:
     url = tmp_path / "run"
     straight = finish_program(program(tmp_path / "straight", 4, tmp_path, "straight"), tmp_path, "straight")
     assert all("READY initial_epoch=0 step=0" in out for out in straight)
-    assert_equal_weights(tmp_path / "straight-p0.npz", tmp_path / "straight-p1.npz")
+    assert_same_saved_weights(tmp_path / "straight-p0.npz", tmp_path / "straight-p1.npz")
 
     # A first session, killed (both processes, SIGKILL) once process 0 has committed epoch 2.
     first = program(url, 4, tmp_path, "first", "--batch-sleep", "0.1")
@@ -328,8 +333,8 @@ def test_two_jax_processes_only_process_0_writes_and_both_resume_alike(tmp_path:
     assert ready[0] == ready[1] and not ready[0].endswith("step=0"), ready
     assert line(second[0], "RESUMED") == line(second[1], "RESUMED")
     assert not [t for t in second[1].split("\n") if "resumable: sav" in t or "lease" in t], second[1]
-    assert_equal_weights(tmp_path / "second-p0.npz", tmp_path / "second-p1.npz")
-    assert_equal_weights(tmp_path / "second-p0.npz", tmp_path / "straight-p0.npz")
+    assert_same_saved_weights(tmp_path / "second-p0.npz", tmp_path / "second-p1.npz")
+    assert_same_saved_weights(tmp_path / "second-p0.npz", tmp_path / "straight-p0.npz")
     latest = RunStorage(str(url)).latest()
     assert latest is not None and latest.manifest is not None and latest.epoch == 4
     assert (latest.manifest.processes, latest.manifest.devices) == (2, 2)

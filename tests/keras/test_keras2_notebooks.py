@@ -4,15 +4,15 @@ every epoch, the newest loaded back with ``resumable.load_model`` and trained on
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 import warnings
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from forked import run_job
+from keras_helpers import same_state
 from paths import JOBS
 
 import resumable
@@ -24,9 +24,7 @@ LEGACY_WARNING = "You are saving your model as an HDF5 file"
 
 
 def session(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    done = subprocess.run([sys.executable, str(JOBS / "article_job.py"), str(folder), *args],
-                          capture_output=True, text=True, timeout=300, env=env)
+    done = run_job(JOBS / "article_job.py", [str(folder), *args])
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return done
 
@@ -69,15 +67,6 @@ X = np.random.default_rng(0).normal(size=(16, 4)).astype("float32")
 Y = (X[:, :1] > 0).astype("float32")
 
 
-def state(model: Any) -> list[np.ndarray]:
-    return [np.asarray(v) for v in (*model.weights, *model.optimizer.variables)]
-
-
-def same(a: Any, b: Any) -> bool:
-    sa, sb = state(a), state(b)
-    return len(sa) == len(sb) and all(np.array_equal(x, y) for x, y in zip(sa, sb, strict=True))
-
-
 @pytest.mark.slow
 def test_files_keras_wrote_load_with_their_optimizer_or_say_what_to_do(tmp_path: Path) -> None:
     trained = _model()
@@ -87,7 +76,7 @@ def test_files_keras_wrote_load_with_their_optimizer_or_say_what_to_do(tmp_path:
     assert "optimizer" not in trained.get_compile_config()  # Keras' own legacy save took it out
     with pytest.warns(UserWarning, match="no checksum record"):
         loaded = resumable.load_model(plain)
-    assert same(loaded, trained)  # Keras' own loader builds the optimizer for no variable
+    assert same_state(loaded, trained)  # Keras' own loader builds the optimizer for no variable
     loaded.fit(X, Y, epochs=1, batch_size=4, verbose=0)  # Keras': "Unknown variable ..."
 
     mse = _model("mse")
@@ -101,7 +90,7 @@ def test_files_keras_wrote_load_with_their_optimizer_or_say_what_to_do(tmp_path:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         back = resumable.load_model(tmp_path / "ours.hdf5")
-    assert same(back, mse) and back.get_compile_config()["loss"] == "mse"
+    assert same_state(back, mse) and back.get_compile_config()["loss"] == "mse"
     back.fit(X, Y, epochs=1, batch_size=4, verbose=0)
     assert mse.get_compile_config()["optimizer"]["class_name"] == "Adam"  # put back by resumable's save
     mse.save(tmp_path / "later.keras")
@@ -136,4 +125,4 @@ def test_a_subclassed_model_is_told_what_to_change_before_training(tmp_path: Pat
     fresh.compile(optimizer="adam", loss="mse")
     fresh(X)
     resumable.load_weights(fresh, tmp_path / "w-2.hdf5")  # Keras 2's weights file, with Adam's state
-    assert same(fresh, model)
+    assert same_state(fresh, model)

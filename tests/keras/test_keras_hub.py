@@ -16,12 +16,12 @@ import importlib.util
 import json
 import os
 import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from forked import job_env, run_job, start_job
 from paths import JOBS
 
 from resumable import RunStorage
@@ -43,25 +43,20 @@ BACKENDS = [
 ]
 
 
-def env(backend: str) -> dict[str, str]:
-    return {**{k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}, "KERAS_BACKEND": backend,
-            "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false", "TF_CPP_MIN_LOG_LEVEL": "3"}
-
-
-def command(url: Path, *extra: str) -> list[str]:
-    return [sys.executable, str(JOB), str(url), "--epochs", str(EPOCHS), "--save-freq", SAVE_FREQ, *extra]
+def arguments(url: Path, *extra: str) -> list[str]:
+    return [str(url), "--epochs", str(EPOCHS), "--save-freq", SAVE_FREQ, *extra]
 
 
 def session(backend: str, url: Path, *extra: str) -> str:
-    done = subprocess.run(command(url, *extra), capture_output=True, text=True, timeout=300, env=env(backend))
+    done = run_job(JOB, arguments(url, *extra), env=job_env(backend), preload=("keras_hub",))
     assert done.returncode == 0, done.stdout + done.stderr[-4000:]
     return done.stdout
 
 
 def killed_session(backend: str, url: Path) -> list[str]:
     """Train until the first mid-epoch checkpoint of epoch 2 is committed, then SIGKILL."""
-    job = subprocess.Popen(command(url, "--trainable-only", "--batch-sleep", "0.3"), stdout=subprocess.PIPE,
-                           stderr=subprocess.DEVNULL, text=True, env=env(backend))
+    job = start_job(JOB, arguments(url, "--trainable-only", "--batch-sleep", "0.3"), env=job_env(backend),
+                    preload=("keras_hub",))
     lines = []
     assert job.stdout is not None
     try:

@@ -16,6 +16,7 @@ from typing import Any
 import keras
 import numpy as np
 import pytest
+from forked import run_job
 from paths import JOBS, ROOT
 
 import resumable
@@ -57,8 +58,7 @@ def test_a_run_taken_over_says_so_once_in_one_line(how: str, tmp_path: Path) -> 
     url, flag, out = str(tmp_path / "run"), tmp_path / "go-on", tmp_path / "holder.out"
     holder = _holder(how, url, flag, out)
     _wait_for_line(out, "HOLDING", holder)  # epoch 1 committed; the holder waits inside epoch 2
-    taker = subprocess.run([sys.executable, str(LEASE_JOB), url, "--epochs", "2", "--takeover"],
-                           capture_output=True, text=True, env=ENV, timeout=180)
+    taker = run_job(LEASE_JOB, [url, "--epochs", "2", "--takeover"], env=ENV, timeout=180)
     assert "DONE epochs=2" in taker.stdout, taker.stdout + taker.stderr
     flag.touch()  # the holder goes on: its save of epoch 2 finds the lease taken over
     assert holder.wait(180) != 0
@@ -108,8 +108,9 @@ def _visible_lines(stdout: str) -> list[str]:
 
 @pytest.mark.slow
 def test_verbose_save_lines_come_between_progress_bars_in_order(tmp_path: Path) -> None:
-    done = subprocess.run([sys.executable, "-c", ORDER_SCRIPT, str(tmp_path / "run")], capture_output=True,
-                          text=True, env=ENV, timeout=300)
+    script = tmp_path / "order.py"
+    script.write_text(ORDER_SCRIPT)
+    done = run_job(script, [str(tmp_path / "run")], env=ENV)
     assert done.returncode == 0, done.stderr
     lines = _visible_lines(done.stdout)
     saved = [i for i, line in enumerate(lines) if ": saved " in line]

@@ -10,8 +10,6 @@ from __future__ import annotations
 import datetime
 import os
 import signal
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +19,8 @@ import backends
 import numpy as np
 import pytest
 from fit_interrupts import InterruptAt
+from forked import ForkedJob, start_job
+from keras_helpers import assert_equal_weights, same_weights, saved_weights
 from paths import JOBS
 
 import resumable
@@ -87,10 +87,6 @@ def fit_args(data: str) -> tuple[tuple[Any, ...], dict[str, Any]]:
     if data == "generator":
         return (endless(),), {**common, "steps_per_epoch": STEPS}
     raise AssertionError(data)
-
-
-def same_weights(a: Any, b: Any) -> bool:
-    return all(np.array_equal(x, y) for x, y in zip(a.get_weights(), b.get_weights(), strict=True))
 
 
 # ------------------------------------------------------------------------- save_interval
@@ -296,13 +292,11 @@ def test_a_second_ctrl_c_stops_at_once_without_saving(tmp_path: Path, ctrl_c_as_
 # ------------------------------------------------------------------------- signals, in a subprocess
 
 
-def job(url: str | Path, *extra: str) -> subprocess.Popen[str]:
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false"}
-    return subprocess.Popen([sys.executable, str(JOB), str(url), *extra], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
+def job(url: str | Path, *extra: str) -> ForkedJob:
+    return start_job(JOB, [str(url), *extra])
 
 
-def read_until(proc: subprocess.Popen[str], wanted: Any, timeout: float = 120) -> list[str]:
+def read_until(proc: ForkedJob, wanted: Any, timeout: float = 120) -> list[str]:
     """Lines of stdout up to and including the first for which ``wanted(line)``; kill on timeout."""
     timer = threading.Timer(timeout, proc.kill)
     timer.start()
@@ -316,17 +310,12 @@ def read_until(proc: subprocess.Popen[str], wanted: Any, timeout: float = 120) -
     finally:
         timer.cancel()
     raise AssertionError("the job ended without the expected line:\n" + "\n".join(lines)
-                         + (proc.stderr.read()[-3000:] if proc.stderr else ""))
+                         + proc.stderr_text()[-3000:])
 
 
-def finish(proc: subprocess.Popen[str], timeout: float = 300) -> tuple[int, str]:
+def finish(proc: ForkedJob, timeout: float = 300) -> tuple[int, str]:
     out, err = proc.communicate(timeout=timeout)
     return proc.returncode, out + err[-3000:]
-
-
-def load(path: Path) -> list[np.ndarray]:
-    with np.load(path) as data:
-        return [data[f"arr_{i}"] for i in range(len(data.files))]
 
 
 EPOCHS = 3
@@ -339,7 +328,7 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> list[np.ndarray]:
     code, output = finish(job(folder / "run", "--epochs", str(EPOCHS), "--shuffle",
                               "--out", str(folder / "final.npz")))
     assert code == 0, output
-    return load(folder / "final.npz")
+    return saved_weights(folder / "final.npz")
 
 
 def is_mid_epoch_commit(line: str) -> bool:
@@ -370,8 +359,7 @@ def test_sigkill_between_mid_epoch_saves_resumes_at_the_batch_and_equals_uninter
 
     assert code == 0, output
     assert f"RESUMED {latest.name} batch={latest.manifest.batch}" in output
-    for i, (a, b) in enumerate(zip(load(tmp_path / "final.npz"), uninterrupted, strict=True)):
-        assert np.array_equal(a, b), f"weight {i} differs by up to {np.abs(a - b).max()}"
+    assert_equal_weights(saved_weights(tmp_path / "final.npz"), uninterrupted)
     assert RunStorage(url).latest().epoch == EPOCHS  # type: ignore[union-attr]
 
 

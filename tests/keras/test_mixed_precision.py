@@ -1,19 +1,17 @@
 """Mixed precision resumes exactly: the LossScaleOptimizer's scale and step counter, on TensorFlow and JAX.
 
 The global dtype policy is process state, so each backend runs tests/jobs/mixed_precision_job.py
-in a process of its own: every policy and checkpoint kind, a run stopped after epoch 1 and
-resumed against one never stopped.
+in a process of its own (forked from the backend's job server): every policy and checkpoint
+kind, a run stopped after epoch 1 and resumed against one never stopped.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from forked import job_env, run_job
 from paths import JOBS
 
 pytestmark = pytest.mark.slow
@@ -28,10 +26,7 @@ STEPS = 18  # 3 epochs of 6 batches
                                                  reason="jax is not installed")),
 ])
 def test_mixed_precision_runs_resume_exactly(backend: str, tmp_path: Path) -> None:
-    env = {**{k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}, "KERAS_BACKEND": backend,
-           "TF_CPP_MIN_LOG_LEVEL": "3"}
-    done = subprocess.run([sys.executable, str(JOB), str(tmp_path)], capture_output=True, text=True,
-                          timeout=300, env=env)
+    done = run_job(JOB, [str(tmp_path)], env=job_env(backend))
     assert done.returncode == 0, done.stdout + done.stderr[-4000:]
 
     cases = {tuple(line.split()[1:3]): dict(field.split("=", 1) for field in line.split()[3:])

@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from paths import JOBS
+from keras_helpers import dropin_job, same_weights
 
 import resumable
 from resumable import CorruptCheckpointError
@@ -30,10 +26,6 @@ def make_model() -> Any:
                               keras.layers.Dense(3, activation="softmax")])
     model.compile(loss="categorical_crossentropy", optimizer="sgd", metrics=["accuracy"])
     return model
-
-
-def same_weights(a: Any, b: Any) -> bool:
-    return all(np.array_equal(x, y) for x, y in zip(a.get_weights(), b.get_weights(), strict=True))
 
 
 @pytest.mark.lanes
@@ -159,31 +151,19 @@ def test_best_is_carried_across_sessions_with_resume(tmp_path: Path) -> None:
     assert second.best <= first.best
 
 
-def run_job(kind: str, url: str, *extra: str, killed: bool = False) -> str:
-    """The job's stdout, then its stderr (warnings, Keras' logs)."""
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    done = subprocess.run([sys.executable, str(JOBS / "dropin_job.py"), kind, url, *extra],
-                          capture_output=True, text=True, timeout=300, env=env)
-    if killed:
-        assert done.returncode == -signal.SIGKILL, done.stdout + done.stderr[-3000:]
-    else:
-        assert done.returncode == 0, done.stdout + done.stderr[-3000:]
-    return done.stdout + done.stderr
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("where", ["local", "gcs"])
 def test_killed_mid_save_leaves_the_previous_file_whole(where: str, tmp_path: Path, request: Any) -> None:
     base = str(tmp_path) if where == "local" else request.getfixturevalue("gcs_bucket")
     url = f"{base}/best.keras"
-    run_job("model_checkpoint", url, "--epochs", "3", "--kill-at-save", "2", killed=True)
+    dropin_job("model_checkpoint", url, "--epochs", "3", "--kill-at-save", "2", killed=True)
     record = resumable.verify_file(url)  # the file of epoch 1, whole, vouched for by its record
     assert record is not None and record.details["epoch"] == 1
     resumable.load_model(url)
     if where == "local":
         leftovers = [p.name for p in tmp_path.iterdir()]
         assert "best.keras" in leftovers and any(n.endswith(".partial") for n in leftovers)
-    run_job("model_checkpoint", url, "--epochs", "3")
+    dropin_job("model_checkpoint", url, "--epochs", "3")
     record = resumable.verify_file(url)
     assert record is not None and record.details["epoch"] == 3
     if where == "local":
@@ -195,7 +175,7 @@ def test_killed_while_replacing_a_record_leaves_no_tmp_after_the_next_save(tmp_p
     """SIGKILLed between writing a record's temporary copy and renaming it: readers ignore the
     ``.tmp`` (the file checks out against the record there), and the next save removes it."""
     url = str(tmp_path / "best.keras")
-    run_job("model_checkpoint", url, "--epochs", "3", "--kill-in-record", "3", killed=True)
+    dropin_job("model_checkpoint", url, "--epochs", "3", "--kill-in-record", "3", killed=True)
     (leftover,) = [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
     assert leftover.startswith(".best.keras.resumable.json.")
     record = resumable.verify_file(url)  # the file of epoch 2, vouched for by the record still there
@@ -203,5 +183,5 @@ def test_killed_while_replacing_a_record_leaves_no_tmp_after_the_next_save(tmp_p
     from resumable.cli.app import main
 
     assert main(["verify", str(tmp_path)]) == 0
-    run_job("model_checkpoint", url, "--epochs", "3")
+    dropin_job("model_checkpoint", url, "--epochs", "3")
     assert sorted(p.name for p in tmp_path.iterdir()) == [".best.keras.resumable.json", "best.keras"]

@@ -1,19 +1,18 @@
 """resume() across real process restarts: interrupted equals uninterrupted, and MirroredStrategy.
 
-Each session is a fresh Python process running tests/jobs/train_job.py, as a Colab notebook
-re-run after a disconnect. MirroredStrategy over two logical CPUs must be configured before
-TensorFlow initializes, which a fresh process guarantees.
+Each session is a process of its own running tests/jobs/train_job.py, as a Colab notebook
+re-run after a disconnect: forked from a server that imported TensorFlow but never initialized
+its devices, so MirroredStrategy's two logical CPUs can still be configured in it.
 """
 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
+from forked import run_job
+from keras_helpers import assert_equal_weights, saved_weights
 from paths import JOBS
 
 from resumable import RunStorage
@@ -25,25 +24,10 @@ STEPS_PER_EPOCH = 12  # 384 training samples, batch 32
 
 
 def session(url: str | Path, epochs: int, *extra: str) -> str:
-    """Run one training session in a new process; return its stdout."""
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false"}
-    done = subprocess.run(
-        [sys.executable, str(JOB), str(url), "--epochs", str(epochs), *extra],
-        capture_output=True, text=True, timeout=300, env=env,
-    )
+    """Run one training session in a process of its own; return its stdout."""
+    done = run_job(JOB, [str(url), "--epochs", str(epochs), *extra])
     assert done.returncode == 0, done.stdout + done.stderr[-4000:]
     return done.stdout
-
-
-def weights(path: Path) -> list[np.ndarray]:
-    with np.load(path) as data:
-        return [data[f"arr_{i}"] for i in range(len(data.files))]
-
-
-def assert_equal_weights(a: list[np.ndarray], b: list[np.ndarray]) -> None:
-    assert len(a) == len(b)
-    for i, (x, y) in enumerate(zip(a, b, strict=True)):
-        assert np.array_equal(x, y), f"weight {i} differs by up to {np.abs(x - y).max()}"
 
 
 def ready_line(stdout: str) -> str:
@@ -61,7 +45,7 @@ def test_interrupted_equals_uninterrupted(tmp_path: Path, order: list[str]) -> N
     assert ready_line(first) == "READY initial_epoch=0 step=0"
     assert ready_line(second) == f"READY initial_epoch=3 step={3 * STEPS_PER_EPOCH}"
     assert "saving ckpt-000004" in second and "saving ckpt-000003" not in second
-    assert_equal_weights(weights(tmp_path / "resumed.npz"), weights(tmp_path / "straight.npz"))
+    assert_equal_weights(saved_weights(tmp_path / "resumed.npz"), saved_weights(tmp_path / "straight.npz"))
 
 
 def test_a_finished_run_does_not_train_again(tmp_path: Path) -> None:
@@ -70,7 +54,7 @@ def test_a_finished_run_does_not_train_again(tmp_path: Path) -> None:
 
     assert "complete: 2 of 2 epochs done" in again
     assert "saving" not in again
-    assert_equal_weights(weights(tmp_path / "a.npz"), weights(tmp_path / "b.npz"))
+    assert_equal_weights(saved_weights(tmp_path / "a.npz"), saved_weights(tmp_path / "b.npz"))
 
 
 def test_weights_only_checkpoints_resume_exactly(tmp_path: Path) -> None:
@@ -80,7 +64,7 @@ def test_weights_only_checkpoints_resume_exactly(tmp_path: Path) -> None:
 
     files = RunStorage(str(tmp_path / "run")).latest().manifest.files  # type: ignore[union-attr]
     assert "model.weights.h5" in files and "model.keras" not in files
-    assert_equal_weights(weights(tmp_path / "resumed.npz"), weights(tmp_path / "straight.npz"))
+    assert_equal_weights(saved_weights(tmp_path / "resumed.npz"), saved_weights(tmp_path / "straight.npz"))
 
 
 @pytest.mark.skipif(os.environ.get("KERAS_BACKEND", "tensorflow") != "tensorflow",
@@ -94,14 +78,14 @@ def test_mirrored_strategy_save_resume_and_across(tmp_path: Path) -> None:
     second = session(url, 3, "--strategy", "mirrored", "--restored-out", str(tmp_path / "r2.npz"),
                      "--out", str(tmp_path / "w3.npz"))
     assert ready_line(second) == f"READY initial_epoch=2 step={2 * STEPS_PER_EPOCH}"
-    assert_equal_weights(weights(tmp_path / "r2.npz"), weights(tmp_path / "w2.npz"))
+    assert_equal_weights(saved_weights(tmp_path / "r2.npz"), saved_weights(tmp_path / "w2.npz"))
     # across: strategy to plain
     third = session(url, 4, "--restored-out", str(tmp_path / "r3.npz"), "--out", str(tmp_path / "w4.npz"))
     assert ready_line(third) == f"READY initial_epoch=3 step={3 * STEPS_PER_EPOCH}"
-    assert_equal_weights(weights(tmp_path / "r3.npz"), weights(tmp_path / "w3.npz"))
+    assert_equal_weights(saved_weights(tmp_path / "r3.npz"), saved_weights(tmp_path / "w3.npz"))
     # and back: plain to strategy
     fourth = session(url, 5, "--strategy", "mirrored", "--restored-out", str(tmp_path / "r4.npz"))
     assert ready_line(fourth) == f"READY initial_epoch=4 step={4 * STEPS_PER_EPOCH}"
-    assert_equal_weights(weights(tmp_path / "r4.npz"), weights(tmp_path / "w4.npz"))
+    assert_equal_weights(saved_weights(tmp_path / "r4.npz"), saved_weights(tmp_path / "w4.npz"))
     latest = RunStorage(str(url)).latest()
     assert latest is not None and latest.epoch == 5 and latest.step == 5 * STEPS_PER_EPOCH

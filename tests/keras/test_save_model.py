@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from test_model_checkpoint import run_job
+from keras_helpers import dropin_job, same_state
 
 import resumable
 from resumable import CorruptCheckpointError, DriveNotMountedError
@@ -27,15 +27,6 @@ def make_model() -> Any:
     return model
 
 
-def state(model: Any) -> list[np.ndarray]:
-    return [np.asarray(v) for v in (*model.weights, *model.optimizer.variables)]
-
-
-def same(a: Any, b: Any) -> bool:
-    sa, sb = state(a), state(b)
-    return len(sa) == len(sb) and all(np.array_equal(x, y) for x, y in zip(sa, sb, strict=True))
-
-
 @pytest.mark.slow
 def test_every_format_to_every_storage_and_back(run_url: str) -> None:
     """Local, memory:// and gs:// (a real fake-gcs-server); .keras, .weights.h5, .h5 and .hdf5."""
@@ -50,11 +41,11 @@ def test_every_format_to_every_storage_and_back(run_url: str) -> None:
             resumable.load_weights(back, url)
         else:
             back = resumable.load_model(url)
-        assert same(back, model), name  # the weights and the optimizer state, every format
+        assert same_state(back, model), name  # the weights and the optimizer state, every format
         back.fit(X, Y, epochs=1, batch_size=4, verbose=0)  # and training goes on from there
     with pytest.raises(FileExistsError, match="pass overwrite=True"):
         resumable.save_model(make_model(), f"{run_url}/sub/model.keras", overwrite=False)
-    assert same(resumable.load_model(f"{run_url}/sub/model.keras"), model)  # untouched
+    assert same_state(resumable.load_model(f"{run_url}/sub/model.keras"), model)  # untouched
     with pytest.raises(ValueError, match="ending in .keras"):
         resumable.save_model(model, f"{run_url}/sub/model.txt")
     resumable.save_model(model, f"{run_url}/folder.keras/x.keras")
@@ -77,7 +68,7 @@ def test_gcs_without_tensorflow_gcs_support_lands_in_the_bucket(gcs_bucket: str,
     fs = fsspec.filesystem("gs")
     assert sorted(p.rsplit("/", 1)[1] for p in fs.ls(f"{gcs_bucket}/b", refresh=True)) == [
         ".model.h5.resumable.json", "model.h5"]
-    assert same(resumable.load_model(f"{gcs_bucket}/b/model.h5"), model)
+    assert same_state(resumable.load_model(f"{gcs_bucket}/b/model.h5"), model)
     fs.pipe_file(f"{gcs_bucket}/b/model.h5", b"garbage")
     with pytest.raises(CorruptCheckpointError, match="does not match its checksum record"):
         resumable.load_model(f"{gcs_bucket}/b/model.h5")
@@ -96,11 +87,11 @@ def test_a_drive_path_is_refused_while_drive_is_not_mounted() -> None:
 def test_killed_mid_save_leaves_the_previous_file(where: str, tmp_path: Path, request: Any) -> None:
     base = str(tmp_path) if where == "local" else request.getfixturevalue("gcs_bucket")
     url = f"{base}/model.keras"
-    run_job("save_model", url, "--epochs", "3", "--kill-at-save", "2", killed=True)
+    dropin_job("save_model", url, "--epochs", "3", "--kill-at-save", "2", killed=True)
     record = resumable.verify_file(url)
     assert record is not None and record.details["step"] == 4  # epoch 1's save, whole
     resumable.load_model(url)
-    run_job("save_model", url, "--epochs", "2")
+    dropin_job("save_model", url, "--epochs", "2")
     record = resumable.verify_file(url)
     assert record is not None and record.details["step"] == 8
     if where == "local":

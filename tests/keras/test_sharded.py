@@ -8,9 +8,6 @@ another Colab runtime would have written them: they must resume on every Keras.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -18,6 +15,7 @@ from typing import Any
 import keras
 import numpy as np
 import pytest
+from forked import job_env, run_job
 from paths import JOBS
 from reshard import reshard
 
@@ -291,10 +289,7 @@ def test_a_shard_that_comes_down_damaged_falls_back_to_the_older_checkpoint(
 
 def test_jax_resumes_a_sharded_checkpoint_exactly(tmp_path: Path) -> None:
     pytest.importorskip("jax")
-    env = {**os.environ, "KERAS_BACKEND": "jax"}
-    script = JOBS / "sharded_job.py"
-    done = subprocess.run([sys.executable, str(script), str(tmp_path / "run")], env=env, capture_output=True,
-                          text=True, timeout=300, cwd=JOBS)
+    done = run_job(JOBS / "sharded_job.py", [str(tmp_path / "run")], env=job_env("jax"), cwd=JOBS)
     assert done.returncode == 0 and "EQUAL" in done.stdout, done.stdout + done.stderr[-3000:]
     manifest = json.loads((tmp_path / "run" / "ckpt-000002" / "manifest.json").read_text())
     assert manifest["payload"] == "model.weights.json"

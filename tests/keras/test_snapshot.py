@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -12,12 +9,13 @@ from typing import Any
 import keras
 import numpy as np
 import pytest
-from paths import ROOT
+from forked import job_env, run_job
+from paths import JOBS
 
 import resumable
 from resumable.keras import keras_io, snapshot
 
-JOB = ROOT / "tests" / "jobs" / "snapshot_job.py"
+JOB = JOBS / "snapshot_job.py"
 
 
 @pytest.mark.parametrize("backend", ["tensorflow", "jax"])
@@ -25,10 +23,8 @@ JOB = ROOT / "tests" / "jobs" / "snapshot_job.py"
 def test_the_files_hold_the_step_the_snapshot_was_taken_at(tmp_path: Path, backend: str,
                                                           weights_only: bool) -> None:
     """On JAX the next training step donates the variables' buffers: the snapshot copied them."""
-    env = {**os.environ, "KERAS_BACKEND": backend}
-    argv = [sys.executable, str(JOB), str(tmp_path / "ckpt"), *(["--weights-only"] if weights_only else [])]
-    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300,
-                          cwd=ROOT / "tests" / "jobs")
+    argv = [str(tmp_path / "ckpt"), *(["--weights-only"] if weights_only else [])]
+    done = run_job(JOB, argv, env=job_env(backend), cwd=JOBS)
     assert done.returncode == 0 and "EQUAL" in done.stdout, done.stdout + done.stderr[-2000:]
 
 

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 from gated_fs import GatedFS
+from storage_helpers import staged_checkpoint
 
 from resumable import RunStorage
 from resumable.core.checksum import CHUNK_SIZE
@@ -26,12 +27,8 @@ FAST_RETRY = RetryPolicy(attempts=3, initial_delay=0.01, max_delay=0.01)
 
 
 def stage(root: Path, epoch: int, size: int = 1000) -> tuple[Path, str, Manifest]:
-    name = f"ckpt-{epoch:06d}"
-    folder = root / "staging" / name
-    folder.mkdir(parents=True)
-    (folder / "model.keras").write_bytes(bytes([epoch % 256]) * size)
-    (folder / "state.json").write_text(f'{{"epoch": {epoch}}}')
-    return folder, name, Manifest(epoch=epoch, step=epoch * 10)
+    files = {"model.keras": bytes([epoch % 256]) * size, "state.json": f'{{"epoch": {epoch}}}'.encode()}
+    return staged_checkpoint(root, epoch, files)
 
 
 def committed(storage: RunStorage) -> list[str]:

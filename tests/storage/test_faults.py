@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import storage_helpers
 from faulty_fs import LISTINGS, READS, WRITES, Faults, eio, enotconn, faulty_options, faulty_url, http
 
 from resumable import (
@@ -39,11 +40,9 @@ RETRY = RetryPolicy(attempts=4, initial_delay=0.001, max_delay=0.002)
 
 
 def stage(tmp_path: Path, epoch: int) -> Path:
-    folder = tmp_path / "stage" / f"ckpt-{epoch:06d}"
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "model.keras").write_bytes(MODEL[:-1] + bytes([epoch]))  # each epoch's bytes differ
-    (folder / "state.json").write_bytes(b'{"epoch": 0}\n')
-    return folder
+    # each epoch's bytes differ
+    files = {"model.keras": MODEL[:-1] + bytes([epoch]), "state.json": b'{"epoch": 0}\n'}
+    return storage_helpers.stage(tmp_path / "stage" / f"ckpt-{epoch:06d}", files)
 
 
 def commit(storage: RunStorage, tmp_path: Path, epoch: int) -> Any:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from storage_helpers import stage
 
 from resumable import Manifest, ResumableError, RunStorage, Status
 from resumable.core.manifest import MANIFEST_NAME
@@ -26,11 +27,8 @@ def _small_big_files(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(transfers, "TOGETHER_MIN_BYTES", 32 * KIB)
 
 
-def stage(folder: Path) -> Path:
-    folder.mkdir(parents=True)
-    for rel, data in {**SHARDS, **SMALL}.items():
-        (folder / rel).write_bytes(data)
-    return folder
+def stage_all(folder: Path) -> Path:
+    return stage(folder, {**SHARDS, **SMALL})
 
 
 class InFlight:
@@ -63,7 +61,7 @@ class InFlight:
 def test_shards_go_up_several_at_a_time(storage: RunStorage, tmp_path: Path,
                                         monkeypatch: pytest.MonkeyPatch) -> None:
     uploads = InFlight(monkeypatch, "upload")
-    info = storage.commit(stage(tmp_path / "staged"), "ckpt-000001", Manifest(epoch=1), progress=False)
+    info = storage.commit(stage_all(tmp_path / "staged"), "ckpt-000001", Manifest(epoch=1), progress=False)
     assert 1 < uploads.most <= FILES_AT_ONCE
     assert any(name.startswith("resumable-files") for name in uploads.threads)
     assert sorted(uploads.rels) == sorted({**SHARDS, **SMALL})  # each file once
@@ -74,7 +72,7 @@ def test_shards_go_up_several_at_a_time(storage: RunStorage, tmp_path: Path,
 def test_files_named_last_come_down_last_in_that_order_each_announced(storage: RunStorage,
                                                                      tmp_path: Path) -> None:
     """What a loader reading shards as they land relies on (manager/arrival.py)."""
-    storage.commit(stage(tmp_path / "staged"), "ckpt-000001", Manifest(epoch=1), progress=False)
+    storage.commit(stage_all(tmp_path / "staged"), "ckpt-000001", Manifest(epoch=1), progress=False)
     last = sorted(SHARDS, reverse=True)  # any order the caller asks for
     landed: list[tuple[str, bool]] = []
     target = tmp_path / "cache"
@@ -103,7 +101,7 @@ def test_one_failed_shard_stops_the_others_and_commits_nothing(storage: RunStora
 
     monkeypatch.setattr(Transfers, "upload", upload)
     with pytest.raises(ResumableError, match="model_00001.weights.h5: refused by the test"):
-        storage.commit(stage(tmp_path / "staged"), "ckpt-000001", Manifest(epoch=1), progress=False)
+        storage.commit(stage_all(tmp_path / "staged"), "ckpt-000001", Manifest(epoch=1), progress=False)
     assert len([rel for rel in started if rel in SHARDS]) < len(SHARDS)  # those not started never were
     (info,) = storage.list()
     assert info.status is Status.PARTIAL and MANIFEST_NAME not in info.listed
@@ -125,7 +123,7 @@ def test_a_failure_elsewhere_stops_an_upload_at_its_next_chunk(tmp_path: Path,
         time.sleep(0.01)
 
     with pytest.raises(ResumableError, match="lease was lost"):
-        storage.commit(stage(tmp_path / "staged"), "ckpt-000001", Manifest(epoch=1), progress=False,
+        storage.commit(stage_all(tmp_path / "staged"), "ckpt-000001", Manifest(epoch=1), progress=False,
                        between_chunks=between_chunks)
     # 7 shards of 10 or 11 chunks: without the stop, about 75 chunks would have been asked for
     assert failing.is_set() and len(chunks) < 3 + 2 * FILES_AT_ONCE
@@ -137,7 +135,7 @@ def test_one_progress_line_for_the_files_moved_together(storage: RunStorage, tmp
                                                        monkeypatch: pytest.MonkeyPatch,
                                                        capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setattr(transfers, "PROGRESS_MIN_BYTES", 1)
-    storage.commit(stage(tmp_path / "staged"), "ckpt-000001", Manifest(epoch=1), progress=True)
+    storage.commit(stage_all(tmp_path / "staged"), "ckpt-000001", Manifest(epoch=1), progress=True)
     storage.fetch("ckpt-000001", tmp_path / "cache", progress=True)
     lines = capsys.readouterr().err.splitlines()
     total = sum(len(data) for data in SHARDS.values())

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from fake_gcs import fake_gcs_server, point_gcs_clients_at, server_process
 from paths import ROOT
+from storage_helpers import staged_checkpoint
 
 from resumable import RunStorage, Status
 from resumable.core.checksum import crc32c_of_file
@@ -33,12 +34,8 @@ BIG = STREAM_MIN_BYTES + 12345  # not a whole number of pieces
 
 
 def stage(root: Path, epoch: int, size: int = BIG) -> tuple[Path, str, Manifest, bytes]:
-    name = f"ckpt-{epoch:06d}"
-    folder = root / "staging" / name
-    folder.mkdir(parents=True)
     payload = os.urandom(size)
-    (folder / "model.keras").write_bytes(payload)
-    return folder, name, Manifest(epoch=epoch, step=epoch * 10), payload
+    return (*staged_checkpoint(root, epoch, {"model.keras": payload}), payload)
 
 
 class Pieces:
