@@ -128,7 +128,8 @@ def test_each_byte_is_written_once_and_never_read_back(tmp_path: Path, kind: str
 
     def take() -> snapshot.ModelSnapshot:
         taken = keras_io.snapshot(model, weights_only=kind == "weights", state={"epoch": 1},
-                                  arrays={"seen": np.arange(4)}, max_shard_size=0.004 if kind == "shards" else None)
+                                  arrays={"seen": np.arange(4)},
+                                  max_shard_size=0.004 if kind == "shards" else None)
         assert taken is not None
         return taken
 
@@ -163,14 +164,16 @@ def test_a_local_run_s_checkpoint_is_written_into_the_run_once_and_never_read_ba
     assert info.ok and info.size > 8 * 2**20
     assert written <= info.size * 1.01 + 2**20, (written, info.size)  # no staged copy, no second file
     assert read <= 2**20, read  # the manifest read back, the lease: small files only
-    assert not (tmp_path / "staging" / "staging").exists() or not any((tmp_path / "staging" / "staging").iterdir())
+    staged = tmp_path / "staging" / "staging"
+    assert not staged.exists() or not any(staged.iterdir())
     assert resumable.RunStorage(str(tmp_path / "run")).verify("ckpt-000002") == []
 
 
 def test_a_damaged_file_written_in_place_is_found_on_resume(tmp_path: Path) -> None:
     url = str(tmp_path / "run")
     x = np.random.default_rng(1).normal(size=(32, 4)).astype("float32")
-    callback = resumable.CheckpointCallback(url, monitor="loss", keep_last=None, staging_dir=tmp_path / "staging")
+    callback = resumable.CheckpointCallback(url, monitor="loss", keep_last=None,
+                                            staging_dir=tmp_path / "staging")
     make_model().fit(x, x[:, :1], epochs=2, verbose=0, callbacks=[callback])
     damaged = tmp_path / "run" / "ckpt-000002" / "model.keras"
     data = bytearray(damaged.read_bytes())
