@@ -114,8 +114,8 @@ class CheckpointCallback(keras.callbacks.Callback):
         verbose: 1 prints a line per checkpoint, 0 is silent; ``"auto"`` is 1. Defaults to 0.
         initial_value_threshold: The value ``monitor`` must beat to count as the first best.
             Defaults to None.
-        staging_dir: Local folder for serializing before the upload and for downloads on
-            resume. Defaults to ``<tempdir>/resumable-cache/<hash of filepath>``.
+        staging_dir: Local folder for serializing before an upload (a ``gs://`` run; a local or
+            Drive run's files are written straight into it) and for downloads on resume. Defaults to ``<tempdir>/resumable-cache/<hash of filepath>``.
         storage_options: Passed to the fsspec filesystem, e.g. ``{"token": "anon"}``.
             Defaults to None.
         async_upload: Upload in a background thread while training goes on: a save only
