@@ -115,7 +115,8 @@ class CheckpointCallback(keras.callbacks.Callback):
         initial_value_threshold: The value ``monitor`` must beat to count as the first best.
             Defaults to None.
         staging_dir: Local folder for serializing before an upload (a ``gs://`` run; a local or
-            Drive run's files are written straight into it) and for downloads on resume. Defaults to ``<tempdir>/resumable-cache/<hash of filepath>``.
+            Drive run's files are written straight into it) and for downloads on resume.
+            Defaults to ``<tempdir>/resumable-cache/<hash of filepath>``.
         storage_options: Passed to the fsspec filesystem, e.g. ``{"token": "anon"}``.
             Defaults to None.
         async_upload: Upload in a background thread while training goes on: a save only
