@@ -150,8 +150,13 @@ class ModelSnapshot:
         with zipfile.ZipFile(file, "w") as archive:
             archive.writestr("metadata.json", metadata)
             archive.writestr("config.json", config)
-            zip_member.write_in_place(archive, file, WEIGHTS_FILE,
-                                      lambda weights: compat.write_weights(self.values, weights))
+            if zip_member.can_write_in_place():
+                zip_member.write_in_place(archive, file, WEIGHTS_FILE,
+                                          lambda weights: compat.write_weights(self.values, weights))
+            else:  # a zipfile without the writer's internals: a temporary weights file, copied in
+                with tempfile.TemporaryDirectory(prefix="resumable-weights-") as folder:
+                    compat.write_weights(self.values, f"{folder}/{WEIGHTS_FILE}")
+                    archive.write(f"{folder}/{WEIGHTS_FILE}", WEIGHTS_FILE)
             if self.assets is not None:
                 _add_folder(archive, self.assets, "assets")
 

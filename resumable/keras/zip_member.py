@@ -14,6 +14,7 @@ written once, never to a file of their own first, and never read back.
 
 from __future__ import annotations
 
+import functools
 import io
 import struct
 import zipfile
@@ -148,12 +149,16 @@ class _Region(io.RawIOBase):
         pass
 
 
+@functools.cache
 def can_write_in_place() -> bool:
     """Whether this Python's zipfile lets a member's size and CRC be set after its bytes are in
     place (its member writer's ``_file_size`` and ``_crc``, Python 3.6 to 3.13 at least)."""
     import inspect
 
-    source = inspect.getsource(zipfile._ZipWriteFile.close)  # type: ignore[attr-defined]
+    try:
+        source = inspect.getsource(zipfile._ZipWriteFile.close)  # type: ignore[attr-defined]
+    except (AttributeError, OSError, TypeError):  # renamed, or no source to read
+        return False
     return "self._file_size" in source and "self._crc" in source
 
 
