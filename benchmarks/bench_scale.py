@@ -17,6 +17,7 @@ loading shards as they land).
     python benchmarks/bench_scale.py --gcs                 # the same to gs:// on fake-gcs-server
     python benchmarks/bench_scale.py --max-shard-size 0    # one model.keras, as before shards
     python benchmarks/bench_scale.py --params 20e6         # a quick look
+    python benchmarks/bench_scale.py --backend both        # TensorFlow, then JAX (default: KERAS_BACKEND)
 """
 
 from __future__ import annotations
@@ -129,8 +130,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gcs", action="store_true", help="a run folder in a fresh fake-gcs-server")
     parser.add_argument("--max-shard-size", type=float, default=1.0, help="GiB; 0: one file")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of the timed loads (default 3)")
+    parser.add_argument("--backend", choices=["tensorflow", "jax", "both"], default=None,
+                        help="Keras backend; both: one process each (default: KERAS_BACKEND)")
     parser.add_argument("--load", choices=LOADS, help=argparse.SUPPRESS)  # one timed load (a child)
     args = parser.parse_args(argv)
+    if args.backend == "both":  # KERAS_BACKEND counts only before Keras is imported: a process each
+        same = ["--params", str(args.params), "--max-shard-size", str(args.max_shard_size),
+                "--rounds", str(args.rounds), *(["--gcs"] if args.gcs else [])]
+        for backend in ("tensorflow", "jax"):  # a folder of its own each (--folder is one run's)
+            print(f"\n== {backend} ==", flush=True)
+            if subprocess.run([sys.executable, __file__, *same, "--backend", backend]).returncode:
+                return 1
+        return 0
+    if args.backend is not None:
+        os.environ["KERAS_BACKEND"] = args.backend  # the timed loads, children, inherit it
     if args.load:
         return load_once(args)
 

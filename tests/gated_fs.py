@@ -10,7 +10,8 @@ from typing import Any
 
 class GatedFS:
     """Wraps an fsspec filesystem: each upload of a payload file (an ``open`` for writing, which
-    is how RunStorage streams them) blocks until `gate` is set, or fails `failures` times."""
+    is how RunStorage streams them), or in a local run the manifest that commits the files written
+    in place, blocks until `gate` is set, or fails `failures` times."""
 
     def __init__(self, fs: Any, gate: threading.Event | None = None, failures: int = 0) -> None:
         self._fs = fs
@@ -23,7 +24,9 @@ class GatedFS:
         return getattr(self._fs, name)
 
     def open(self, path: str, mode: str = "rb", **kwargs: Any) -> Any:
-        if "w" in mode and not path.endswith(".tmp"):  # not the local run index's temporary file
+        # A write: an upload, or the manifest that commits files written in place (a local run's
+        # exclusive create); not the local run index's temporary file.
+        if ("w" in mode or "x" in mode) and not path.endswith(".tmp"):
             self.puts.append(path)
             self.entered.set()
             if self.gate is not None:

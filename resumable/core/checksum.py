@@ -44,3 +44,51 @@ def crc32c_of_bytes(data: bytes) -> str:
 def crc32c_from_gcs(value: str) -> str:
     """Convert GCS' base64 big-endian form (``"bIkWNQ=="``) to our hex form."""
     return base64.b64decode(value).hex()
+
+
+# CRC-32C's and zlib's CRC-32's reflected polynomials: `combine` joins the checksums of two
+# pieces of a file written out of order into the checksum of both, without their bytes.
+CRC32C_POLY = 0x82F63B78
+CRC32_POLY = 0xEDB88320
+
+
+def _times(a: int, b: int, poly: int) -> int:
+    """``a * b`` modulo the polynomial (reflected bit order), as zlib's ``multmodp``."""
+    product = 0
+    bit = 1 << 31
+    while True:
+        if a & bit:
+            product ^= b
+            if not a & (bit - 1):
+                return product
+        bit >>= 1
+        b = (b >> 1) ^ poly if b & 1 else b >> 1
+
+
+def _powers(poly: int) -> list[int]:
+    """x^(2^k) modulo the polynomial, k = 0..31."""
+    table = [1 << 30]  # x^1
+    for _ in range(31):
+        table.append(_times(table[-1], table[-1], poly))
+    return table
+
+
+_POWERS = {CRC32C_POLY: _powers(CRC32C_POLY), CRC32_POLY: _powers(CRC32_POLY)}
+
+
+def combine(first: int, second: int, second_length: int, poly: int = CRC32C_POLY) -> int:
+    """The CRC of two pieces end to end, from each one's CRC and the second one's length.
+
+    As zlib's ``crc32_combine``, for CRC-32C (the default) or zlib's CRC-32 (``CRC32_POLY``):
+    a file whose pieces are written in any order is checksummed as its pieces are written.
+    """
+    powers = _POWERS[poly]
+    shift = 1 << 31  # x^0
+    k = 3  # x^(8n): one byte is 2^3 bits
+    n = second_length
+    while n:
+        if n & 1:
+            shift = _times(powers[k & 31], shift, poly)
+        n >>= 1
+        k += 1
+    return _times(shift, first, poly) ^ second

@@ -20,7 +20,7 @@ import keras
 
 from resumable.core.display import human_size
 from resumable.core.errors import NoSpaceError, ResumableError
-from resumable.core.manifest import Manifest
+from resumable.core.manifest import FileEntry, Manifest
 from resumable.core.naming import DEFAULT_TEMPLATE
 from resumable.core.policy import Retention, is_better, resolve_mode
 from resumable.keras import compat, keras_io, notebook, trainable, user_state
@@ -114,8 +114,9 @@ class CheckpointCallback(keras.callbacks.Callback):
         verbose: 1 prints a line per checkpoint, 0 is silent; ``"auto"`` is 1. Defaults to 0.
         initial_value_threshold: The value ``monitor`` must beat to count as the first best.
             Defaults to None.
-        staging_dir: Local folder for serializing before the upload and for downloads on
-            resume. Defaults to ``<tempdir>/resumable-cache/<hash of filepath>``.
+        staging_dir: Local folder for serializing before an upload (a ``gs://`` run; a local or
+            Drive run's files are written straight into it) and for downloads on resume.
+            Defaults to ``<tempdir>/resumable-cache/<hash of filepath>``.
         storage_options: Passed to the fsspec filesystem, e.g. ``{"token": "anon"}``.
             Defaults to None.
         async_upload: Upload in a background thread while training goes on: a save only
@@ -663,8 +664,9 @@ class CheckpointCallback(keras.callbacks.Callback):
                 taken = keras_io.snapshot(self.model, weights_only=self.save_weights_only, state=state,
                                           arrays=arrays, max_shard_size=self.max_shard_size)
         write = functools.partial(self._write_staged, taken, name) if taken is not None else None
-        if taken is not None and not taken.fits_in(staging):  # said now, as a synchronous save would
-            self._no_room(name)
+        # said now, as a synchronous save would
+        if taken is not None and not taken.fits_in(self._write_folder(staging)):
+            self._no_room(name, None if self.storage.is_local else self.staging_dir)
             return
         payload = taken.payload if taken is not None else self._serialize(staging, name, state, arrays)
         if payload is None:
@@ -697,24 +699,45 @@ class CheckpointCallback(keras.callbacks.Callback):
             if e.errno not in NO_SPACE_ERRNOS:
                 raise
             self.manager.discard(staging)  # half a checkpoint would only hold the space
-            self._no_room(name)
+            self._no_room(name, self.staging_dir)
             return None
 
-    def _no_room(self, name: str) -> None:
-        """The staging disk cannot hold checkpoint ``name``: one warning, training goes on."""
+    def _no_room(self, name: str, staging: Path | None) -> None:
+        """The disk cannot hold checkpoint ``name`` (the staging folder's; None: the run folder's):
+        one warning, training goes on."""
         self._last_save_time = time.monotonic()
-        warnings.warn(f"resumable: {_no_staging_space(self.staging_dir, name, self.last_checkpoint)}",
-                      stacklevel=4)
+        warnings.warn(f"resumable: {self._no_space_line(staging, name)}", stacklevel=4)
 
-    def _write_staged(self, taken: keras_io.ModelSnapshot, name: str, staging: Path) -> None:
-        """Write a snapshot's files into ``staging`` (the uploader's thread, when in the background)."""
+    def _write_folder(self, staging: Path) -> Path:
+        """Where a snapshot's files are written: a local run's own folder (straight into the
+        checkpoint's folder: `RunManager.submit`), else ``staging``, uploaded from there."""
+        return Path(self.storage.root) if self.storage.is_local else staging
+
+    def _write_staged(self, taken: keras_io.ModelSnapshot, name: str, folder: Path,
+                      root: str | None) -> dict[str, FileEntry]:
+        """Write a snapshot's files into ``folder`` (below the run folder ``root``, or a staging
+        folder); each one's size and CRC32C as written (the uploader's thread, in the background)."""
         try:
-            taken.write(staging)
+            return taken.write(folder, root)
         except OSError as e:
-            shutil.rmtree(staging, ignore_errors=True)  # half a checkpoint would only hold the space
+            if root is None:
+                shutil.rmtree(folder, ignore_errors=True)  # half a checkpoint would only hold the space
             if e.errno in NO_SPACE_ERRNOS:
-                raise NoSpaceError(_no_staging_space(self.staging_dir, name, self.last_checkpoint)) from e
+                staging = None if root is not None else self.staging_dir
+                raise NoSpaceError(self._no_space_line(staging, name)) from e
             raise
+
+    def _no_space_line(self, staging_dir: Path | None, name: str) -> str:
+        """Why checkpoint ``name`` could not be written: its disk (the staging folder's, or with
+        None the run folder's), the space needed (as last time) and free."""
+        if staging_dir is not None:
+            return _no_staging_space(staging_dir, name, self.last_checkpoint)
+        last = self.last_checkpoint
+        needed = f"the last checkpoint took {human_size(last.size)}" if last and last.size else "size unknown"
+        root = self.storage.root
+        return (f"no space left in the run folder {root} to save {name} ({needed}{free_space(root)}); "
+                "training goes on and the next save tries again: free space there (empty Drive's trash), "
+                "or lower keep_last")
 
     def _committed(self, info: CheckpointInfo) -> None:
         """After each commit and its retention (in the uploader's thread when uploading in the background).

@@ -30,11 +30,12 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import io
 import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
-from typing import Any, NamedTuple
+from typing import Any, BinaryIO, NamedTuple
 
 import keras
 import numpy as np
@@ -526,20 +527,80 @@ class _HostView:
         return self.array if dtype is None else self.array.astype(dtype, copy=False)
 
 
-def write_weights(values: list[SavedValue], path: str) -> None:
-    """Write `saved_values` as the ``.weights.h5`` file Keras would have written, with its store."""
+def write_weights(values: list[SavedValue], target: str | io.RawIOBase | BinaryIO) -> None:
+    """Write `saved_values` as the ``.weights.h5`` file Keras would have written, with its store:
+    to a path, or into a seekable binary file object (h5py writes it there directly, through
+    ``H5IOStore._get_h5_file``; a Keras without it writes a temporary file, copied in)."""
     saving_lib = _saving_lib()
     assert saving_lib is not None  # saved_values returned values
-    _fill(saving_lib.H5IOStore(path, mode="w"), values)
+    if isinstance(target, str):
+        _fill(saving_lib.H5IOStore(target, mode="w"), values)
+        return
+    into_file = _store_into_file()
+    if into_file is not None:
+        _fill(into_file(target), values)
+        return
+    import shutil
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="resumable-weights-") as folder:
+        path = str(Path(folder) / "model.weights.h5")
+        _fill(saving_lib.H5IOStore(path, mode="w"), values)
+        with open(path, "rb") as written:
+            shutil.copyfileobj(written, target, 2**22)
 
 
-def write_sharded_weights(values: list[SavedValue], path: str, max_shard_size: float) -> None:
+@functools.cache
+def _store_into_file() -> type | None:
+    """Keras' ``H5IOStore`` writing into a file object of ours (any offsets, as HDF5 does); None on
+    a Keras whose store opens its file elsewhere than ``_get_h5_file`` (before 3.10)."""
+    saving_lib = _saving_lib()
+    if saving_lib is None or "_get_h5_file" not in vars(saving_lib.H5IOStore):
+        return None
+
+    class IntoFile(saving_lib.H5IOStore):  # type: ignore[name-defined]
+        def __init__(self, file: io.RawIOBase | BinaryIO) -> None:
+            self._target = file
+            super().__init__(str(file), mode="w")  # a name only: the file is ours
+
+        def _get_h5_file(self, path_or_io: Any, mode: str | None = None) -> Any:
+            import h5py
+
+            return h5py.File(self._target, mode="w")
+
+    return IntoFile
+
+
+def write_sharded_weights(values: list[SavedValue], path: str, max_shard_size: float,
+                          create: Callable[[str], io.RawIOBase] | None = None) -> None:
     """Write `saved_values` as Keras' sharded weights: ``path`` (a ``.weights.json`` map) and its
     ``*_00000.weights.h5`` shards of at most ``max_shard_size`` GiB each, as
-    ``model.save_weights(path, max_shard_size=...)`` writes them; ``model.load_weights(path)`` reads them."""
+    ``model.save_weights(path, max_shard_size=...)`` writes them; ``model.load_weights(path)`` reads them.
+
+    ``create(name)``: a new binary file object for each shard, h5py writes into (closed here).
+    """
     sharded = _uncopied_sharded_store()
     assert sharded is not None  # the caller asked can_shard()
-    _fill(sharded(path, max_shard_size, mode="w"), values)
+    if create is None:
+        _fill(sharded(path, max_shard_size, mode="w"), values)
+        return
+    opened: list[io.RawIOBase] = []
+    make = create
+
+    class IntoFiles(sharded):  # type: ignore[misc, valid-type]
+        def _get_h5_file(self, path_or_io: Any, mode: str | None = None) -> Any:
+            if (mode or self.mode) != "w":
+                return super()._get_h5_file(path_or_io, mode)
+            import h5py
+
+            opened.append(make(Path(path_or_io).name))
+            return h5py.File(opened[-1], mode="w")  # named after the file object: the shard's path
+
+    try:
+        _fill(IntoFiles(path, max_shard_size, mode="w"), values)
+    finally:
+        for file in opened:
+            file.close()
 
 
 @functools.cache
@@ -681,7 +742,8 @@ def snapshots_work() -> bool:
         recorder = _recorder(saving_lib)
         saving_lib._save_state(written, weights_store=recorder, assets_store=None, inner_path="",
                                visited_saveables=set())
-        write_weights(recorder.values, str(folder / "probe.weights.h5"))
+        with open(folder / "probe.weights.h5", "w+b") as file:  # as snapshots write: into a file object
+            write_weights(recorder.values, file)
         loaded = _read_back(saving_lib, saving_lib.H5IOStore(str(folder / "probe.weights.h5"), mode="r"))
         return None if written.same(loaded) else "values written by a snapshot read back different"
 

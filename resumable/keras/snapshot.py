@@ -14,6 +14,9 @@ reads; a full model adds what an unzipped ``.keras`` holds beside them (``config
 ``metadata.json``, ``assets/``). Each shard is a file of its own in the manifest, with its own
 checksum, moved concurrently with the others and loaded one at a time.
 
+Each file is written once, where it stays, and checksummed (CRC32C) as it is written: `write`
+hands back each file's size and checksum for the manifest, and nothing is read back.
+
 On a Keras without the internals this needs (`compat.saved_values`), `take` returns None and
 the caller serializes the usual way.
 """
@@ -34,7 +37,9 @@ from typing import Any
 import keras
 import numpy as np
 
-from resumable.keras import compat
+from resumable.core.manifest import FileEntry
+from resumable.keras import compat, zip_member
+from resumable.storage.written_files import ChecksummedFile, WrittenFiles
 
 MODEL_FILE = "model.keras"
 WEIGHTS_FILE = "model.weights.h5"
@@ -79,8 +84,8 @@ class ModelSnapshot:
 
     @property
     def space_needed(self) -> int:
-        """Disk bytes `write` needs: a .keras is a weights file first, then zipped (twice, briefly)."""
-        return self.nbytes * (1 if self.model_json is None or self.sharded else 2) + SPACE_MARGIN
+        """Disk bytes `write` needs: each byte is written once, where it stays."""
+        return self.nbytes + SPACE_MARGIN
 
     def fits_in(self, folder: Path) -> bool:
         """True when the disk holding ``folder`` (or its nearest existing parent) has the space."""
@@ -89,53 +94,71 @@ class ModelSnapshot:
             existing = existing.parent
         return shutil.disk_usage(existing).free >= self.space_needed
 
-    def write(self, folder: Path) -> None:
-        """Write the checkpoint's files into ``folder`` (created if needed).
+    def write(self, folder: Path, root: str | None = None) -> dict[str, FileEntry]:
+        """Write the checkpoint's files into ``folder``; each one's size and CRC32C, by name.
 
-        OSError(ENOSPC) before anything is written when the disk cannot hold them: HDF5 can
-        crash the process when it closes a file whose writes failed for want of space.
+        Each file is written once, where it stays, and checksummed as it is written
+        (`WrittenFiles`): the weights go straight into the ``.keras`` zip, never through a
+        file of their own. ``root``: a run folder ``folder`` is below (nothing is written
+        through a link below it; every file is a new one). OSError(ENOSPC) before anything is
+        written when the disk cannot hold them: HDF5 can crash the process when it closes a
+        file whose writes failed for want of space.
         """
-        folder.mkdir(parents=True, exist_ok=True)
         if not self.fits_in(folder):
             raise OSError(errno.ENOSPC, f"{self.space_needed:,} bytes needed", str(folder))
-        if self.sharded:
-            self._write_shards(folder)
-        elif self.model_json is None:
-            compat.write_weights(self.values, str(folder / WEIGHTS_FILE))
-        else:
-            self._write_archive(folder / MODEL_FILE, folder)
-        (folder / STATE_FILE).write_text(json.dumps(self.state, indent=1))
-        if self.arrays:
-            np.savez(folder / ARRAYS_FILE, **self.arrays)  # type: ignore[arg-type]
+        files = WrittenFiles(folder, root)
+        try:
+            if self.sharded:
+                self._write_shards(files, folder)
+            elif self.model_json is None:
+                with files.create(WEIGHTS_FILE) as weights:
+                    compat.write_weights(self.values, weights)
+            else:
+                with files.create(MODEL_FILE) as archive:
+                    self._write_archive(archive)
+            files.write_bytes(STATE_FILE, json.dumps(self.state, indent=1).encode())
+            if self.arrays:
+                with files.create(ARRAYS_FILE) as arrays:
+                    np.savez(arrays, **self.arrays)  # type: ignore[arg-type]
+        finally:
+            files.close()
+        return files.entries
 
-    def _write_shards(self, folder: Path) -> None:
+    def _write_shards(self, files: WrittenFiles, folder: Path) -> None:
         """Keras' sharded weights and, for a full model, an unzipped ``.keras``'s other files."""
         assert self.max_shard_size is not None
         if self.model_json is not None:
             config, metadata = self.model_json
-            (folder / CONFIG_FILE).write_text(config)
-            (folder / METADATA_FILE).write_text(metadata)
+            files.write_bytes(CONFIG_FILE, config.encode())
+            files.write_bytes(METADATA_FILE, metadata.encode())
             if self.assets is not None:
-                shutil.copytree(self.assets, folder / ASSETS_FOLDER)
+                for path in sorted(self.assets.rglob("*")):
+                    if path.is_file():
+                        files.write_bytes(f"{ASSETS_FOLDER}/{path.relative_to(self.assets).as_posix()}",
+                                          path.read_bytes())
         # Keras refuses a variable bigger than a shard; here it gets a shard of its own.
         biggest = max((int(getattr(v.value, "nbytes", 0)) for v in self.values), default=0)
         compat.write_sharded_weights(self.values, str(folder / SHARDS_FILE),
-                                     max(self.max_shard_size, biggest / GIB))
+                                     max(self.max_shard_size, biggest / GIB), create=files.create)
+        files.adopt(SHARDS_FILE)  # the map Keras writes itself: a few hundred bytes per variable
 
-    def _write_archive(self, path: Path, folder: Path) -> None:
-        """A ``.keras`` zip as ``model.save`` writes it: metadata, config, weights, assets."""
+    def _write_archive(self, file: ChecksummedFile) -> None:
+        """A ``.keras`` zip as ``model.save`` writes it: metadata, config, weights, assets; the
+        weights written by h5py straight into the zip (`zip_member.write_in_place`)."""
         assert self.model_json is not None
         config, metadata = self.model_json
-        # The weights go to a file first (h5py needs one it can seek in), then into the zip:
-        # never the whole checkpoint in memory twice.
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=".weights-", suffix=".h5") as weights:
-            compat.write_weights(self.values, weights.name)
-            with zipfile.ZipFile(path, "w") as archive:
-                archive.writestr("metadata.json", metadata)
-                archive.writestr("config.json", config)
-                archive.write(weights.name, WEIGHTS_FILE)
-                if self.assets is not None:
-                    _add_folder(archive, self.assets, "assets")
+        with zipfile.ZipFile(file, "w") as archive:
+            archive.writestr("metadata.json", metadata)
+            archive.writestr("config.json", config)
+            if zip_member.can_write_in_place():
+                zip_member.write_in_place(archive, file, WEIGHTS_FILE,
+                                          lambda weights: compat.write_weights(self.values, weights))
+            else:  # a zipfile without the writer's internals: a temporary weights file, copied in
+                with tempfile.TemporaryDirectory(prefix="resumable-weights-") as folder:
+                    compat.write_weights(self.values, f"{folder}/{WEIGHTS_FILE}")
+                    archive.write(f"{folder}/{WEIGHTS_FILE}", WEIGHTS_FILE)
+            if self.assets is not None:
+                _add_folder(archive, self.assets, "assets")
 
 
 def _add_folder(archive: zipfile.ZipFile, folder: Path, name: str) -> None:

@@ -5,14 +5,24 @@
 seeks by reading forward (3x slower than ``load_model``); copying the member out first costs
 a write of the whole file. A window onto the member's bytes in the ``.keras`` file itself
 costs neither: h5py reads it as any file object.
+
+Written the same way (`write_in_place`): h5py writes the member's bytes straight into the
+``.keras`` file being written, after the member's local header, and the zip's records get the
+member's size and CRC-32 from the writes themselves (`ChecksummedFile`): the weights are
+written once, never to a file of their own first, and never read back.
 """
 
 from __future__ import annotations
 
+import functools
 import io
 import struct
 import zipfile
+from collections.abc import Callable
 from typing import BinaryIO, cast
+
+from resumable.core.checksum import CRC32_POLY
+from resumable.storage.written_files import ChecksummedFile
 
 _LOCAL_HEADER = struct.Struct("<4s5H3I2H")  # a zip local file header, 30 bytes
 _LOCAL_SIGNATURE = b"PK\x03\x04"
@@ -85,3 +95,86 @@ def stored_member(archive: zipfile.ZipFile, file: BinaryIO, name: str) -> Member
     if start + info.file_size > file.tell():
         return None
     return MemberWindow(file, start, info.file_size)
+
+
+class _Region(io.RawIOBase):
+    """The bytes of ``file`` from ``start`` on, as a file of their own (for h5py to write in)."""
+
+    def __init__(self, file: ChecksummedFile, start: int) -> None:
+        super().__init__()
+        self._file, self._start, self._pos = file, start, 0
+        self.size = 0
+
+    def __repr__(self) -> str:
+        return repr(self._file)
+
+    def readable(self) -> bool:
+        return True
+
+    def writable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self.size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def readinto(self, buffer: memoryview | bytearray) -> int:  # type: ignore[override]
+        view = memoryview(buffer).cast("B")
+        self._file.seek(self._start + self._pos)
+        got = self._file.readinto(view[:max(0, min(len(view), self.size - self._pos))])
+        self._pos += got
+        return got
+
+    def write(self, data: bytes | bytearray | memoryview) -> int:  # type: ignore[override]
+        self._file.seek(self._start + self._pos)
+        written = self._file.write(data)
+        self._pos += written
+        self.size = max(self.size, self._pos)
+        return written
+
+    def truncate(self, size: int | None = None) -> int:
+        size = self._pos if size is None else size
+        self._file.truncate(self._start + size)
+        self.size = size
+        return size
+
+    def flush(self) -> None:
+        pass
+
+
+@functools.cache
+def can_write_in_place() -> bool:
+    """Whether this Python's zipfile lets a member's size and CRC be set after its bytes are in
+    place (its member writer's ``_file_size`` and ``_crc``, Python 3.6 to 3.13 at least)."""
+    import inspect
+
+    try:
+        source = inspect.getsource(zipfile._ZipWriteFile.close)  # type: ignore[attr-defined]
+    except (AttributeError, OSError, TypeError):  # renamed, or no source to read
+        return False
+    return "self._file_size" in source and "self._crc" in source
+
+
+def write_in_place(archive: zipfile.ZipFile, file: ChecksummedFile, name: str,
+                   write: Callable[[BinaryIO], None]) -> None:
+    """Member ``name`` of ``archive`` (writing into ``file``), stored: ``write`` writes its bytes,
+    at any offsets, into the file object it is given; its size and CRC-32 come from the writes."""
+    member = archive.open(name, "w", force_zip64=True)  # its local header, rewritten on close
+    start = file.tell()
+    region = _Region(file, start)
+    file.zip_crcs = True
+    try:
+        write(cast(BinaryIO, region))
+    finally:
+        file.zip_crcs = False
+    file.seek(start + region.size)
+    member._file_size = member._compress_size = region.size  # type: ignore[attr-defined]
+    member._crc = file.crc_of(start, start + region.size, CRC32_POLY)  # type: ignore[attr-defined]
+    member.close()

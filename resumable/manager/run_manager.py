@@ -18,6 +18,7 @@ their manifests. The commit protocol itself lives in `resumable.storage.commit`.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import logging
 import shutil
@@ -26,7 +27,7 @@ import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from resumable.core.display import printable
 from resumable.core.errors import (
@@ -36,7 +37,7 @@ from resumable.core.errors import (
     LeaseLostError,
     ResumableError,
 )
-from resumable.core.manifest import Manifest
+from resumable.core.manifest import FileEntry, Manifest
 from resumable.core.naming import DEFAULT_TEMPLATE, check_name
 from resumable.core.policy import Decision, Retention, plan
 from resumable.manager.arrival import Arrival
@@ -45,6 +46,8 @@ from resumable.storage import CheckpointInfo, RunStorage
 from resumable.storage.lease import DEFAULT_TIMEOUT, LEASE_NAME, Lease, LeaseInfo, read_lease
 
 logger = logging.getLogger("resumable")
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -241,16 +244,22 @@ class RunManager:
         return self.uploader.paused()
 
     def submit(self, folder: Path, name: str, manifest: Manifest, *,
-               write: Callable[[Path], None] | None = None) -> None:
+               write: Callable[[Path, str | None], dict[str, FileEntry]] | None = None) -> None:
         """Commit a staged folder as ``name``: in the background, or now with ``async_upload=False``.
 
-        ``write``: writes the files into ``folder`` first, in the uploader's thread when in the
-        background (a checkpoint held in memory: training does not wait for its files).
+        ``write(folder, root)``: writes the files first, in the uploader's thread when in the
+        background (a checkpoint held in memory: training does not wait for its files), and
+        returns each one's size and CRC32C as written. In a local run (Drive's mount included)
+        it writes them straight into the checkpoint's folder in the run (``root``), and the
+        commit only syncs them and writes the manifest; elsewhere into ``folder``, uploaded next.
         """
+        in_place = None
+        if write is not None and self.storage.is_local:
+            in_place = functools.partial(self._commit_in_place, name, manifest, write)
         if self.async_upload:
-            self.uploader.submit(folder, name, manifest, write=write)
+            self.uploader.submit(folder, name, manifest, write=write, in_place=in_place)
         else:
-            self.uploader.commit_now(folder, name, manifest, write=write)
+            self.uploader.commit_now(folder, name, manifest, write=write, in_place=in_place)
 
     @property
     def pending(self) -> list[str]:
@@ -291,6 +300,23 @@ class RunManager:
             self.uploader.wait(message=False)
 
     def _commit(self, staging: Path, name: str, manifest: Manifest) -> CheckpointInfo:
+        self._renew_before_commit(name)
+        return self._replacing_damaged(name, lambda: self._commit_files(staging, name, manifest))
+
+    def _commit_in_place(self, name: str, manifest: Manifest,
+                         write: Callable[[Path, str | None], dict[str, FileEntry]]) -> CheckpointInfo:
+        """Write a checkpoint's files straight into its folder in a local run, then commit them."""
+        self._renew_before_commit(name)
+        target = Path(self._replacing_damaged(name, lambda: self.storage.begin_in_place(name)))
+        try:
+            written = write(target, self.storage.root)
+        except BaseException:
+            with contextlib.suppress(ResumableError, OSError):  # a partial folder only holds space
+                self.storage.delete(name)
+            raise
+        return self.storage.commit_in_place(name, manifest, written)
+
+    def _renew_before_commit(self, name: str) -> None:
         if self.lease.held or self.lease.lost:
             try:
                 self.lease.renew()  # a fresh check that the run is still ours, just before writing
@@ -299,16 +325,19 @@ class RunManager:
             except ResumableError as e:  # the storage failed: the commit will say how, if it fails too
                 logger.warning("resumable: could not renew the writer lease before committing %s: %s",
                                name, e)
+
+    def _replacing_damaged(self, name: str, begin: Callable[[], T]) -> T:
+        """``begin()`` (the commit, or its first step); a checkpoint of that name resume() found
+        damaged, and still is, is deleted first (only those may be replaced)."""
         try:
-            return self._commit_files(staging, name, manifest)
+            return begin()
         except CheckpointExistsError:
-            # Only a checkpoint resume() found damaged may be replaced, and only if it still is.
             if name not in self.damaged or not self._still_damaged(name):
                 raise
         logger.warning("resumable: replacing damaged checkpoint %s", name)
         self.storage.delete(name)
         self.damaged.discard(name)
-        return self._commit_files(staging, name, manifest)
+        return begin()
 
     def _still_damaged(self, name: str) -> bool:
         """Whether checkpoint ``name``, found damaged when resuming, still is: its files, or the

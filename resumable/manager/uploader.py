@@ -49,17 +49,23 @@ class UploadJob:
     name: str
     manifest: Manifest
     submitted: float  # time.monotonic()
-    # Writes the files into ``staged`` in the worker thread (a snapshot held in memory); None
-    # once written, so that the memory goes as soon as the files are on disk.
-    write: Callable[[Path], None] | None = None
+    # Writes the files into a folder in the worker thread (a snapshot held in memory), as
+    # ``write(folder, root)``: ``root`` is the run folder when the folder is below it. None
+    # once written into ``staged``, so that the memory goes as soon as the files are on disk.
+    write: Callable[[Path, str | None], object] | None = None
+    # Writes the files where they stay and commits them (a local run: `RunManager`); nothing is
+    # staged. Kept until committed: a retry writes them again.
+    in_place: Callable[[], CheckpointInfo] | None = None
 
     def prepare(self, before: Callable[[], None]) -> None:
         """Write the files, if they are not yet: ``before()`` first, then a failed earlier try's
-        leftovers are cleared."""
-        if self.write is not None:
+        leftovers are cleared. A job written in place writes them as it commits."""
+        if self.in_place is not None:
+            before()
+        elif self.write is not None:
             before()
             shutil.rmtree(self.staged, ignore_errors=True)
-            self.write(self.staged)
+            self.write(self.staged, None)
             self.write = None
 
 
@@ -144,16 +150,19 @@ class Uploader:
             return any(j is not None and j.name == name for j in (self._in_flight, self._waiting))
 
     def submit(self, staged: Path, name: str, manifest: Manifest, *,
-               write: Callable[[Path], None] | None = None) -> None:
+               write: Callable[[Path, str | None], object] | None = None,
+               in_place: Callable[[], CheckpointInfo] | None = None) -> None:
         """Queue ``staged`` for committing as ``name`` and return at once.
 
         ``write``: called in the worker thread to write the files into ``staged`` first (a
-        snapshot in memory); without it, ``staged`` holds them already. A job already waiting
+        snapshot in memory); without it, ``staged`` holds them already. ``in_place``: called
+        instead of the commit, writes the files where they stay and commits them (nothing is
+        staged). A job already waiting
         is replaced (its staged folder deleted, its snapshot freed), or with
         ``when_behind="wait"`` waited for. A job that failed before is queued again ahead of
         this one, unless this one has the same name.
         """
-        job = UploadJob(Path(staged), name, manifest, time.monotonic(), write)
+        job = UploadJob(Path(staged), name, manifest, time.monotonic(), write, in_place)
         with self._cond:
             if self._closed:
                 raise RuntimeError("Uploader.submit after close()")
@@ -230,12 +239,13 @@ class Uploader:
             self._unpaused.wait(PAUSE_LIMIT)
 
     def commit_now(self, staged: Path, name: str, manifest: Manifest, *,
-                   write: Callable[[Path], None] | None = None) -> CheckpointInfo:
+                   write: Callable[[Path, str | None], object] | None = None,
+                   in_place: Callable[[], CheckpointInfo] | None = None) -> CheckpointInfo:
         """Commit in the calling thread (synchronous mode); errors raise, the staged folder is kept."""
         self.wait()
-        job = UploadJob(Path(staged), name, manifest, time.monotonic(), write)
+        job = UploadJob(Path(staged), name, manifest, time.monotonic(), write, in_place)
         job.prepare(before=self.drop_cached)
-        info = self._commit(job.staged, job.name, job.manifest)
+        info = self._run_commit(job)
         self._committed_job(job)
         if self._on_commit is not None:
             self._on_commit(info)
@@ -322,7 +332,7 @@ class Uploader:
             try:
                 try:
                     job.prepare(before=self.drop_cached)  # the old copy goes first: never two on disk
-                    info = self._commit(job.staged, job.name, job.manifest)
+                    info = self._run_commit(job)
                 except BaseException as e:  # reported at the next wait(), never lost
                     self._failed_job(job, e)
                     continue
@@ -336,6 +346,11 @@ class Uploader:
                 with self._cond:
                     self._in_flight = None
                     self._cond.notify_all()
+
+    def _run_commit(self, job: UploadJob) -> CheckpointInfo:
+        if job.in_place is not None:
+            return job.in_place()
+        return self._commit(job.staged, job.name, job.manifest)
 
     def _committed_job(self, job: UploadJob) -> None:
         with self._cond:
@@ -368,6 +383,8 @@ class Uploader:
 
     def _keep(self, job: UploadJob) -> None:
         """Move the committed staged folder into the cache (or delete it)."""
+        if job.in_place is not None:
+            return  # nothing staged: the run folder holds the only copy
         if self.cache_dir is None:
             shutil.rmtree(job.staged, ignore_errors=True)
             return
@@ -390,7 +407,9 @@ class Uploader:
 
     @staticmethod
     def _drop(job: UploadJob) -> None:
-        shutil.rmtree(job.staged, ignore_errors=True)
+        # A job written in place leaves a partial folder at most: the next commit clears it.
+        if job.in_place is None:
+            shutil.rmtree(job.staged, ignore_errors=True)
 
 
 def check_when_behind(when_behind: object) -> None:

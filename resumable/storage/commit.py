@@ -17,8 +17,15 @@ Commit, in order:
 1. Clear leftovers: a folder of the same name without a good manifest is an interrupted
    commit (or a corrupt one) and is deleted; a good manifest, or one of a newer format, means
    the checkpoint is committed already (CheckpointExistsError: never overwritten).
-2. Upload each file, streamed and checksummed as it is sent, and check the stored copy's
-   size (and CRC32C on GCS) before going on (`transfers`; big shards several at a time).
+2. Put each file in the folder, with its size and CRC32C computed from the bytes as they are
+   written, never by reading them back. In a local run (Drive's mount included) the files
+   are written straight into the checkpoint's folder (`begin_in_place`, then the writer's
+   `WrittenFiles`: exclusive creates, never through a link), then each is fsynced and its size
+   on disk checked (`commit_in_place`). A kill in the middle leaves a folder without a
+   manifest: partial, never used, cleared by the next commit of that name (step 1). To
+   ``gs://`` (and any other store) the files are written once into a local staging folder,
+   then uploaded, streamed and checksummed as they are sent, and the stored copy's size (and
+   CRC32C on GCS) checked before going on (`commit`, `transfers`; big shards several at a time).
 3. Check the writer still holds the run (`fence`: a fresh read of the lease, so a writer
    taken over while it uploaded commits nothing). Write the manifest create-only (GCS'
    ``ifGenerationMatch=0``, an exclusive create locally, fsynced with its folder entry),
@@ -44,9 +51,11 @@ through; deleting one removes the link alone; a file with another name (a hard l
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import logging
 import os
+import stat
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -60,7 +69,7 @@ from resumable.core.errors import (
     StorageError,
     UnsupportedFormatError,
 )
-from resumable.core.manifest import MANIFEST_LIMIT, MANIFEST_NAME, Manifest, now_iso
+from resumable.core.manifest import MANIFEST_LIMIT, MANIFEST_NAME, FileEntry, Manifest, now_iso
 from resumable.core.naming import check_name
 from resumable.storage.errors import free_space
 from resumable.storage.folder import RunFolder
@@ -75,6 +84,7 @@ from resumable.storage.local_files import (
     make_parents_inside,
     remove_folder_inside,
     remove_inside,
+    sync_inside,
 )
 from resumable.storage.records import (
     CheckpointInfo,
@@ -130,6 +140,48 @@ class Committer:
                 f"{free_space(folder.root) if folder.is_local else ''}); older checkpoints are kept: "
                 "free space (empty Drive's trash), lower keep_last, or choose another folder"
             ) from e
+        self._index.update(add={name: manifest})
+        return committed_info(name, folder.url_of(name), manifest)
+
+    def begin_in_place(self, name: str) -> str:
+        """Step 1 of a commit whose files are written where they stay (a local run): leftovers
+        cleared, the checkpoint's folder made; its path, to write the files into."""
+        folder = self._folder
+        check_name(name)
+        if not folder.is_local:
+            raise ValueError(f"{folder.url_of(name)}: files are written in place only in a local run folder")
+        self._clear_leftovers(name)
+        path = folder.path(name)
+        with folder.errors(folder.url_of(name)):
+            folder.call(functools.partial(make_parents_inside, folder.root, folder.path(name, MANIFEST_NAME)),
+                        f"make {name}")
+        return path
+
+    def commit_in_place(self, name: str, manifest: Manifest, written: dict[str, FileEntry]) -> CheckpointInfo:
+        """Steps 2 to 4 for files written in place (after `begin_in_place`), ``written`` giving each
+        one's size and CRC32C as computed while it was written: each file is synced to disk and
+        its size checked, then the manifest is written."""
+        folder = self._folder
+        check_name(name)
+        if not written:
+            raise ResumableError(f"{folder.url_of(name)}: no files to commit")
+
+        def durable() -> None:
+            folders = set()
+            for rel, entry in written.items():
+                path = folder.path(name, rel)
+                found = sync_inside(folder.root, path)  # on disk before the manifest that vouches for it
+                if not stat.S_ISREG(found.st_mode) or found.st_size != entry.size:
+                    raise OSError(errno.EIO, f"{rel}: {found.st_size} bytes on disk, {entry.size} written")
+                folders.add(os.path.dirname(path))
+            for parent in sorted(folders):
+                fsync(parent)  # their entries: the files survive a crash as the manifest does
+
+        with folder.errors(folder.url_of(name)):
+            folder.call(durable, f"sync {name}")
+        manifest = replace(manifest, files=dict(written), created=now_iso())
+        self._check_fence()
+        self._write_manifest(name, manifest.to_json())
         self._index.update(add={name: manifest})
         return committed_info(name, folder.url_of(name), manifest)
 

@@ -80,10 +80,26 @@ def fsync(path: str) -> None:
     """
     fd = os.open(path, os.O_RDONLY)
     try:
+        _fsync_fd(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_fd(fd: int) -> None:
+    try:
         os.fsync(fd)
     except OSError as e:
         if e.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):  # some mounts cannot fsync
             raise
+
+
+def sync_inside(root: str, path: str) -> os.stat_result:
+    """`fsync` a file below ``root``, opened without following a link (LinkInRunError); its stat."""
+    fd = open_inside(root, path)
+    try:
+        found = os.fstat(fd)
+        _fsync_fd(fd)
+        return found
     finally:
         os.close(fd)
 

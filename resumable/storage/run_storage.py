@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from resumable.core.errors import CheckpointNotFoundError
-from resumable.core.manifest import Manifest
+from resumable.core.manifest import FileEntry, Manifest
 from resumable.core.naming import DEFAULT_TEMPLATE, NameTemplate
 from resumable.storage.commit import Committer
 from resumable.storage.folder import RunFolder
@@ -225,6 +225,17 @@ class RunStorage:
         """
         return self._committer.commit(local_dir, name, manifest, progress=progress,
                                       between_chunks=between_chunks)
+
+    def begin_in_place(self, name: str) -> str:
+        """A local run's folder for checkpoint ``name``, leftovers of an interrupted commit cleared
+        (CheckpointExistsError when committed already): write its files there (`WrittenFiles`,
+        below `root`), then `commit_in_place`. See `resumable.storage.commit`."""
+        return self._committer.begin_in_place(name)
+
+    def commit_in_place(self, name: str, manifest: Manifest, written: dict[str, FileEntry]) -> CheckpointInfo:
+        """Commit the files written into `begin_in_place`'s folder: each synced to disk and its size
+        checked, then the manifest (each file's size and CRC32C as ``written``) written last."""
+        return self._committer.commit_in_place(name, manifest, written)
 
     def delete(self, checkpoint: CheckpointInfo | str) -> None:
         """Delete a checkpoint folder: the manifest first, so a half-done delete reads as partial."""

@@ -52,6 +52,31 @@ def arm_kill(module: Any, owner: Any, method: str, at: int) -> None:
     module.RunningCrc32c = Killing
 
 
+def arm_in_place_kill(at: int) -> None:
+    """SIGKILL this process in the ``at``-th checkpoint written in place (a local run), once part
+    of its first file is on disk and before the file is complete."""
+    from resumable.manager.run_manager import RunManager
+    from resumable.storage.written_files import ChecksummedFile
+
+    calls = [0]
+    original_commit = RunManager._commit_in_place
+    original_write = ChecksummedFile.write
+
+    def counting(self: Any, *args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        return original_commit(self, *args, **kwargs)
+
+    def killing(self: Any, data: Any) -> int:
+        written = original_write(self, data)
+        if calls[0] == at:
+            sys.stdout.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+        return written
+
+    RunManager._commit_in_place = counting  # type: ignore[method-assign]
+    ChecksummedFile.write = killing  # type: ignore[method-assign]
+
+
 def arm_record_kill(at: int) -> None:
     """SIGKILL this process in the ``at``-th record replacement, between its fsync and its rename."""
     from resumable.storage import folder
@@ -99,9 +124,11 @@ def main() -> None:
             callback = keras.callbacks.LambdaCallback(
                 on_epoch_end=lambda epoch, logs: resumable.save_model(model, args.url))
     else:
-        if args.kill_at_save:
+        if args.kill_at_save and "://" in args.url:
             # each backup uploads its files one by one: die in the first file of backup K
             arm_kill(transfers, transfers.Transfers, "upload", 1 + FILES_PER_BACKUP * (args.kill_at_save - 1))
+        elif args.kill_at_save:  # a local run's backups are written straight into it
+            arm_in_place_kill(args.kill_at_save)
         callback = resumable.BackupAndRestore(args.url, delete_checkpoint=False)
     history = model.fit(x, y, batch_size=16, epochs=args.epochs, callbacks=[callback], verbose=0)
     print(f"EPOCHS {len(history.epoch)} FIRST {history.epoch[0] if history.epoch else -1}", flush=True)

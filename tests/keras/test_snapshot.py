@@ -13,6 +13,7 @@ from forked import job_env, run_job
 from paths import JOBS
 
 import resumable
+from resumable.core.checksum import crc32c_of_file
 from resumable.keras import keras_io, snapshot
 
 JOB = JOBS / "snapshot_job.py"
@@ -59,9 +60,9 @@ def test_training_waits_only_for_the_snapshot(tmp_path: Path, monkeypatch: pytes
     writers: list[str] = []
     original = snapshot.ModelSnapshot.write
 
-    def write(self: snapshot.ModelSnapshot, folder: Path) -> None:
+    def write(self: snapshot.ModelSnapshot, folder: Path, root: str | None = None) -> Any:
         writers.append(threading.current_thread().name)
-        original(self, folder)
+        return original(self, folder, root)
 
     monkeypatch.setattr(snapshot.ModelSnapshot, "write", write)
     x = np.random.default_rng(1).normal(size=(32, 4)).astype("float32")
@@ -75,13 +76,13 @@ def test_training_waits_only_for_the_snapshot(tmp_path: Path, monkeypatch: pytes
 
 def test_a_failed_background_write_is_reported_and_retried(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                            recwarn: Any) -> None:
-    failures = [OSError(28, "No space left on device")]  # the staging disk is full once
+    failures = [OSError(28, "No space left on device")]  # the run folder's disk is full once
     original = snapshot.ModelSnapshot.write
 
-    def write(self: snapshot.ModelSnapshot, folder: Path) -> None:
+    def write(self: snapshot.ModelSnapshot, folder: Path, root: str | None = None) -> Any:
         if failures:
             raise failures.pop()
-        original(self, folder)
+        return original(self, folder, root)
 
     monkeypatch.setattr(snapshot.ModelSnapshot, "write", write)
     x = np.random.default_rng(1).normal(size=(32, 4)).astype("float32")
@@ -89,7 +90,91 @@ def test_a_failed_background_write_is_reported_and_retried(tmp_path: Path, monke
                                             staging_dir=tmp_path / "staging")
     make_model().fit(x, x[:, :1], epochs=3, verbose=0, callbacks=[callback])
     messages = [str(w.message) for w in recwarn if "resumable:" in str(w.message)]
-    assert any("save of ckpt-000001 failed" in m and "no space left in the staging folder" in m
+    assert any("save of ckpt-000001 failed" in m and "no space left in the run folder" in m
                for m in messages), messages
     good = [c.name for c in resumable.RunStorage(str(tmp_path / "run")).list() if c.ok]
     assert good[-1] == "ckpt-000003"  # the next saves went on; the failed one was retried or superseded
+
+
+needs_proc_io = pytest.mark.skipif(not Path("/proc/self/io").exists(), reason="needs Linux's /proc/self/io")
+
+
+def _io_bytes() -> tuple[int, int]:
+    """Bytes this process read and wrote through system calls so far (HDF5's own C writes included)."""
+    fields = dict(line.split(": ") for line in Path("/proc/self/io").read_text().splitlines())
+    return int(fields["rchar"]), int(fields["wchar"])
+
+
+def make_big_model() -> keras.Model:
+    """About 0.8M parameters: 9 MB of weights and Adam's state, dwarfing headers and small files."""
+    keras.utils.set_random_seed(5)
+    inputs = keras.Input((256,))
+    outputs = keras.layers.Dense(10)(keras.layers.Dense(512)(keras.layers.Dense(1024)(inputs)))
+    model = keras.Model(inputs, outputs)
+    model.compile(optimizer="adam", loss="mse")
+    x = np.ones((4, 256), "float32")
+    model.fit(x, np.ones((4, 10), "float32"), verbose=0)  # Adam's state built
+    return model
+
+
+@needs_proc_io
+@pytest.mark.parametrize("kind", ["model", "weights", "shards"])
+def test_each_byte_is_written_once_and_never_read_back(tmp_path: Path, kind: str) -> None:
+    model = make_big_model()
+
+    def take() -> snapshot.ModelSnapshot:
+        taken = keras_io.snapshot(model, weights_only=kind == "weights", state={"epoch": 1},
+                                  arrays={"seen": np.arange(4)},
+                                  max_shard_size=0.004 if kind == "shards" else None)
+        assert taken is not None
+        return taken
+
+    take().write(tmp_path / "warm-up")  # imports and Keras' probes: not what is measured
+    taken = take()
+    read, written = _io_bytes()
+    entries = taken.write(tmp_path / "ckpt")
+    read, written = (after - before for after, before in zip(_io_bytes(), (read, written), strict=True))
+    size = sum(entry.size for entry in entries.values())
+    assert size > 8 * 2**20
+    assert written <= size * 1.01 + 2**18, (written, size)  # once (HDF5 and the zip rewrite a few headers)
+    assert read <= 2**18, read  # never read back (old: the weights file read into the zip, then for its CRC)
+    if kind == "shards":
+        assert sum(rel.endswith(".weights.h5") for rel in entries) >= 3
+    for rel, entry in entries.items():  # each file's size and CRC32C, as written
+        path = tmp_path / "ckpt" / rel
+        assert (path.stat().st_size, crc32c_of_file(path)) == (entry.size, entry.crc32c)
+
+
+@needs_proc_io
+def test_a_local_run_s_checkpoint_is_written_into_the_run_once_and_never_read_back(tmp_path: Path) -> None:
+    model = make_big_model()
+    x = np.ones((4, 256), "float32")
+    y = np.ones((4, 10), "float32")
+    callback = resumable.CheckpointCallback(str(tmp_path / "run"), monitor="loss", keep_last=None,
+                                            staging_dir=tmp_path / "staging", async_upload=False)
+    model.fit(x, y, epochs=1, verbose=0, callbacks=[callback])  # warm: the first save's imports
+    read, written = _io_bytes()
+    model.fit(x, y, initial_epoch=1, epochs=2, verbose=0, callbacks=[callback])
+    read, written = (after - before for after, before in zip(_io_bytes(), (read, written), strict=True))
+    info = resumable.RunStorage(str(tmp_path / "run")).get("ckpt-000002")
+    assert info.ok and info.size > 8 * 2**20
+    assert written <= info.size * 1.01 + 2**20, (written, info.size)  # no staged copy, no second file
+    assert read <= 2**20, read  # the manifest read back, the lease: small files only
+    staged = tmp_path / "staging" / "staging"
+    assert not staged.exists() or not any(staged.iterdir())
+    assert resumable.RunStorage(str(tmp_path / "run")).verify("ckpt-000002") == []
+
+
+def test_a_damaged_file_written_in_place_is_found_on_resume(tmp_path: Path) -> None:
+    url = str(tmp_path / "run")
+    x = np.random.default_rng(1).normal(size=(32, 4)).astype("float32")
+    callback = resumable.CheckpointCallback(url, monitor="loss", keep_last=None,
+                                            staging_dir=tmp_path / "staging")
+    make_model().fit(x, x[:, :1], epochs=2, verbose=0, callbacks=[callback])
+    damaged = tmp_path / "run" / "ckpt-000002" / "model.keras"
+    data = bytearray(damaged.read_bytes())
+    data[len(data) // 2] ^= 0x01  # one bit, same size: only the checksum tells
+    damaged.write_bytes(bytes(data))
+    with pytest.warns(UserWarning, match="ckpt-000002"):
+        run = resumable.resume(url, build_model=make_model, staging_dir=tmp_path / "staging")
+    assert run.callback.epochs_done == 1

@@ -6,6 +6,7 @@ import io
 import os
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import h5py
 import numpy as np
@@ -126,3 +127,40 @@ def test_resume_without_build_model_reads_the_weights_and_assets_in_place(
     for a, b in zip([*ours.weights, *ours.optimizer.variables],
                     [*theirs.weights, *theirs.optimizer.variables], strict=True):
         np.testing.assert_array_equal(keras.ops.convert_to_numpy(a), keras.ops.convert_to_numpy(b))
+
+
+def test_a_member_written_in_place_at_any_offsets_is_a_valid_stored_member(tmp_path: Path) -> None:
+    """h5py writes out of order; the member's size and CRC-32 come from the writes themselves."""
+    import os
+    import random
+
+    from resumable.core.checksum import crc32c_of_file
+    from resumable.keras.zip_member import write_in_place
+    from resumable.storage.written_files import WrittenFiles
+
+    content = bytearray(os.urandom(1_000_000))
+    rng = random.Random(7)
+
+    def write(member: Any) -> None:
+        member.write(bytes(content[:4096]))  # a small header first
+        pieces = [(at, min(at + 200_000, len(content))) for at in range(4096, len(content), 200_000)]
+        rng.shuffle(pieces)
+        for start, end in pieces:
+            member.seek(start)
+            member.write(bytes(content[start:end]))
+        member.seek(10)  # the header rewritten at the end, as HDF5 does
+        member.write(b"HEADER")
+        content[10:16] = b"HEADER"
+
+    files = WrittenFiles(tmp_path)
+    with files.create("model.keras") as file, zipfile.ZipFile(file, "w") as archive:
+        archive.writestr("config.json", "{}")
+        write_in_place(archive, file, "model.weights.h5", write)
+        archive.writestr("assets/vocab.txt", "a\nb\n")
+    path = tmp_path / "model.keras"
+    with zipfile.ZipFile(path) as archive:
+        assert archive.testzip() is None  # every member's CRC-32 checks out
+        assert archive.read("model.weights.h5") == bytes(content)
+        assert archive.getinfo("model.weights.h5").compress_type == zipfile.ZIP_STORED
+        assert archive.read("assets/vocab.txt") == b"a\nb\n"
+    assert files.entries["model.keras"].crc32c == crc32c_of_file(path) and files.reread == 0

@@ -238,7 +238,10 @@ def test_paused_holds_the_upload_in_flight_between_chunks(tmp_path: Path) -> Non
     assert chunks[1] >= released  # the second chunk went only after the pause
 
 
-def test_a_verbose_callback_shows_upload_progress(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("where", ["local", "memory"])
+def test_a_verbose_callback_shows_upload_progress(where: str, tmp_path: Path,
+                                                  capfd: pytest.CaptureFixture[str]) -> None:
+    """An upload shows its progress; a local run's files are written into it, with nothing to upload."""
     import keras
 
     import resumable
@@ -246,11 +249,14 @@ def test_a_verbose_callback_shows_upload_progress(tmp_path: Path, capfd: pytest.
     model = keras.Sequential([keras.Input((1024,)), keras.layers.Dense(1024), keras.layers.Dense(1)])
     model.compile(optimizer="adam", loss="mse")  # 4 MB of weights, 12 MB with Adam's slots
     x, y = np.zeros((8, 1024), "float32"), np.zeros((8, 1), "float32")
-    checkpoint = resumable.CheckpointCallback(
-        str(tmp_path / "run"), staging_dir=tmp_path / "stage", verbose=1)
+    url = str(tmp_path / "run") if where == "local" else f"memory://run-{tmp_path.name}"
+    checkpoint = resumable.CheckpointCallback(url, staging_dir=tmp_path / "stage", verbose=1)
     model.fit(x, y, epochs=1, verbose=0, callbacks=[checkpoint])
-    err = capfd.readouterr().err
-    assert "resumable: upload model.keras" in err and "B/s" in err
+    captured = capfd.readouterr()
+    if where == "local":
+        assert "upload model.keras" not in captured.err and f"saved {url}/ckpt-000001" in captured.out
+    else:
+        assert "resumable: upload model.keras" in captured.err and "B/s" in captured.err
 
 
 def test_a_replaced_job_is_said_and_when_behind_wait_keeps_every_one(run_url: str, tmp_path: Path) -> None:

@@ -428,9 +428,10 @@ def small_disk(tmp_path: Path) -> Any:
 
 
 @pytest.mark.slow
-def test_a_full_staging_disk_warns_names_the_folder_and_training_goes_on(
+def test_a_full_run_disk_warns_names_the_folder_and_training_goes_on(
     tmp_path: Path, small_disk: Path
 ) -> None:
+    """A local run's checkpoints are written straight into it: its disk is the one that fills."""
     import resumable
 
     keras, make_model, data, fit = _keras_job()
@@ -441,14 +442,14 @@ def test_a_full_staging_disk_warns_names_the_folder_and_training_goes_on(
         model.compile(optimizer="adam", loss="mse")
         return model  # ~200 KB with Adam's state: more than the disk holds
 
-    url = str(tmp_path / "run")
-    run = resumable.resume(url, build_model=big_model, staging_dir=small_disk)
+    url = str(small_disk / "run")
+    run = resumable.resume(url, build_model=big_model, staging_dir=tmp_path / "staging")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         run.fit(*data, epochs=2, **fit)
-    texts = [str(w.message) for w in caught if "staging folder" in str(w.message)]
+    texts = [str(w.message) for w in caught if "run folder" in str(w.message)]
     assert len(texts) == 2, [str(w.message) for w in caught]
-    assert f"no space left in the staging folder {small_disk} to save ckpt-000001" in texts[0]
+    assert f"no space left in the run folder {url} to save ckpt-000001" in texts[0]
     assert " free)" in texts[0] and "training goes on" in texts[0] and "\n" not in texts[0]
     assert run.callback.epochs_done == 2 and RunStorage(url).list() == []
     assert list(small_disk.rglob("*.keras")) == []  # the half-written file was removed

@@ -1,0 +1,82 @@
+"""Files checksummed as they are written (resumable/storage/written_files.py, core/checksum.combine)."""
+
+from __future__ import annotations
+
+import os
+import random
+import zlib
+from pathlib import Path
+
+import google_crc32c
+import h5py
+import numpy as np
+import pytest
+
+from resumable.core.checksum import CRC32_POLY, combine, crc32c_of_file
+from resumable.storage.local_files import LinkInRunError
+from resumable.storage.written_files import SMALL_WRITE, WrittenFiles
+
+
+@pytest.mark.parametrize("split", [0, 1, 7, 4096, 99_999, 100_000])
+def test_combine_joins_two_pieces_checksums_as_zlib_does(split: int) -> None:
+    data = np.random.default_rng(split).integers(0, 256, 100_000, dtype=np.uint8).tobytes()
+    first, second = data[:split], data[split:]
+    assert combine(google_crc32c.value(first), google_crc32c.value(second), len(second)) == \
+        google_crc32c.value(data)
+    assert combine(zlib.crc32(first), zlib.crc32(second), len(second), CRC32_POLY) == zlib.crc32(data)
+
+
+def test_an_hdf5_file_is_checksummed_from_its_writes_without_reading_it_back(tmp_path: Path) -> None:
+    files = WrittenFiles(tmp_path / "ckpt")
+    with files.create("weights.h5") as file, h5py.File(file, "w") as h5:
+        for i in range(6):  # big datasets between HDF5's small headers, rewritten at close
+            h5.create_dataset(f"big{i}", data=np.random.default_rng(i).normal(size=(200, 200)))
+            h5.create_dataset(f"small{i}", data=np.arange(i + 1))
+    entry = files.entries["weights.h5"]
+    path = tmp_path / "ckpt" / "weights.h5"
+    assert entry.size == path.stat().st_size and entry.crc32c == crc32c_of_file(path)
+    assert files.reread == 0
+    with h5py.File(path) as h5:
+        assert np.array_equal(h5["small5"][()], np.arange(6))
+
+
+def test_writes_anywhere_overwrites_holes_and_truncation_give_the_file_s_checksum(tmp_path: Path) -> None:
+    rng = random.Random(3)
+    files = WrittenFiles(tmp_path)
+    with files.create("random.bin") as file:
+        for _ in range(400):
+            file.seek(rng.randrange(0, 4_000_000))
+            file.write(os.urandom(rng.choice([1, 100, SMALL_WRITE - 1, SMALL_WRITE, 300_000])))
+            if rng.random() < 0.03:
+                file.truncate(rng.randrange(0, 4_000_000))
+        file.seek(6_000_000)  # a hole up to the last write reads as zeros
+        file.write(b"end")
+    entry = files.entries["random.bin"]
+    path = tmp_path / "random.bin"
+    assert entry.size == path.stat().st_size == 6_000_003
+    assert entry.crc32c == crc32c_of_file(path)
+    assert files.reread > 0  # big writes cut by later ones: their rest was read back, and right
+
+
+def test_files_are_new_and_never_written_through_a_link_below_the_run(tmp_path: Path) -> None:
+    root = tmp_path / "run"
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (root / "ckpt-000001").mkdir(parents=True)
+    (root / "ckpt-000001" / "model.keras").symlink_to(outside / "model.keras")
+    (root / "ckpt-000002").symlink_to(outside, target_is_directory=True)
+    files = WrittenFiles(root / "ckpt-000001", str(root))
+    with pytest.raises(FileExistsError):
+        files.create("model.keras")
+    with pytest.raises(LinkInRunError):
+        WrittenFiles(root / "ckpt-000002", str(root)).create("state.json")
+    assert list(outside.iterdir()) == []
+
+
+def test_entries_refuse_while_a_file_is_open(tmp_path: Path) -> None:
+    files = WrittenFiles(tmp_path)
+    file = files.create("a.bin")
+    with pytest.raises(RuntimeError, match="still open: a.bin"):
+        _ = files.entries
+    file.close()
+    assert files.entries["a.bin"].size == 0
