@@ -23,7 +23,8 @@ from resumable.core.errors import NoSpaceError, ResumableError
 from resumable.core.manifest import Manifest
 from resumable.core.naming import DEFAULT_TEMPLATE
 from resumable.core.policy import Retention, is_better, resolve_mode
-from resumable.keras import compat, keras_io, notebook, trainable
+from resumable.keras import compat, keras_io, multihost, notebook, trainable
+from resumable.manager.job_commit import DEFAULT_BARRIER_TIMEOUT
 from resumable.manager.run_manager import RunManager
 from resumable.manager.uploader import check_when_behind
 from resumable.storage import CheckpointInfo, RunStorage
@@ -134,6 +135,10 @@ class CheckpointCallback(keras.callbacks.Callback):
             if no longer renewed (renewal runs every ``min(60, lease_timeout / 4)`` seconds
             from a background thread), counts as stale and is taken over: what a writer that
             died on another machine costs the next session. Defaults to 40.
+        barrier_timeout: Seconds (or a ``datetime.timedelta``) one process of a multi-host job
+            whose model is split across processes (``ModelParallel`` over several hosts) waits
+            for the others at a save or a resume before giving up with `BarrierTimeoutError`,
+            which names the processes it waited for. Unused otherwise. Defaults to 600.
     """
 
     def __init__(
@@ -159,6 +164,7 @@ class CheckpointCallback(keras.callbacks.Callback):
         lease_timeout: float | datetime.timedelta = DEFAULT_TIMEOUT,
         max_shard_size: float | None = DEFAULT_SHARD_GIB,
         when_behind: str = "skip",
+        barrier_timeout: float | datetime.timedelta = DEFAULT_BARRIER_TIMEOUT,
     ) -> None:
         super().__init__()
         _check_filepath(filepath)
@@ -199,6 +205,8 @@ class CheckpointCallback(keras.callbacks.Callback):
         self.save_trainable_only = save_trainable_only
         self.max_shard_size = _check_max_shard_size(max_shard_size)
         lease_seconds = check_timeout(lease_timeout)
+        self.barrier_timeout = check_timeout(barrier_timeout, "barrier_timeout", "how long a process of a "
+                                             "multi-host job waits for the others at a save")
         self.monitor = monitor
         self.mode = resolve_mode(monitor, mode)
         self.save_best_only = bool(save_best_only)
@@ -352,6 +360,7 @@ class CheckpointCallback(keras.callbacks.Callback):
         self._in_epoch = False
         self._last_save_time = time.monotonic()  # timed saves count training time only
         self._defer_lines = True
+        self._every_process_writes()  # #36: decided by every process before any save
         if self._chief():
             self.manager.acquire()
             try:
@@ -404,6 +413,8 @@ class CheckpointCallback(keras.callbacks.Callback):
         self._freq_step = step
         if self.save_interval is not None and time.monotonic() - self._last_save_time >= self.save_interval:
             due = True
+        if self.save_interval is not None and self.manager.job is not None:
+            due = multihost.chief_decides(due)  # #36: every process saves at the same step
         if due:
             self._save(self.epochs_done, self._batch_in_epoch, keras_io.logs_to_floats(logs))
 
@@ -485,6 +496,9 @@ class CheckpointCallback(keras.callbacks.Callback):
         before this one is placed right. Nothing is saved when that step is already saved.
         Returns why nothing was saved, or None.
         """
+        if self.manager.job is not None:  # #36
+            return ("a model split across processes is saved where every process saves (save_freq, "
+                    "epoch ends), never after an interrupt of one process: not saved")
         if self._pending_save is not None:
             self._save_pending()
             return None
@@ -512,7 +526,7 @@ class CheckpointCallback(keras.callbacks.Callback):
         """An exception from another callback ended fit in a hook this one had not reached yet:
         save what this callback would have saved there (as Keras' ModelCheckpoint before it would)."""
         seen, self._witnessed = self._witnessed, None
-        if seen is None or self.model is None:
+        if seen is None or self.model is None or self.manager.job is not None:  # #36: as save_interrupted
             return
         kind, index, logs = seen
         if kind == "epoch":
@@ -597,7 +611,7 @@ class CheckpointCallback(keras.callbacks.Callback):
         if improved:
             self.best = current
         self._last_save_time = time.monotonic()
-        if not self._chief():
+        if not self._chief() and self.manager.job is None:  # #36: in a split job every process saves
             return
         started = time.monotonic()
         name = self.storage.template.format(epoch, step, logs, mid_epoch=batch > 0, batch=batch)
@@ -613,8 +627,11 @@ class CheckpointCallback(keras.callbacks.Callback):
         # with the upload, in the background (keras_io.snapshot). Without Keras' internals for
         # that, the model is serialized here as before; so is a trainable-only checkpoint, whose
         # megabytes take less time to write than to hold.
-        taken = None
-        if not self.save_trainable_only:
+        taken: keras_io.ModelSnapshot | multihost.PartSnapshot | None = None
+        if self.manager.job is not None:  # #36: this process's part of a model split across processes
+            with self.manager.serializing():
+                taken = multihost.snapshot(self.model, state=state, arrays=arrays)
+        elif not self.save_trainable_only:
             with self.manager.serializing():
                 taken = keras_io.snapshot(self.model, weights_only=self.save_weights_only, state=state,
                                           arrays=arrays, max_shard_size=self.max_shard_size)
@@ -662,7 +679,8 @@ class CheckpointCallback(keras.callbacks.Callback):
         warnings.warn(f"resumable: {_no_staging_space(self.staging_dir, name, self.last_checkpoint)}",
                       stacklevel=4)
 
-    def _write_staged(self, taken: keras_io.ModelSnapshot, name: str, staging: Path) -> None:
+    def _write_staged(self, taken: keras_io.ModelSnapshot | multihost.PartSnapshot, name: str,
+                      staging: Path) -> None:
         """Write a snapshot's files into ``staging`` (the uploader's thread, when in the background)."""
         try:
             taken.write(staging)
@@ -729,8 +747,8 @@ class CheckpointCallback(keras.callbacks.Callback):
             "best": self.best,
             "stopped_early": self.stopped_early,
             "epochs_planned": (self.params or {}).get("epochs"),
-            "format": "trainable" if self.save_trainable_only else "weights" if self.save_weights_only
-            else "keras",
+            "format": "split" if self.manager.job is not None else "trainable" if self.save_trainable_only
+            else "weights" if self.save_weights_only else "keras",
             "backend": keras.backend.backend(),
             "optimizer": keras_io.optimizer_summary(self.model),
             "callbacks": callback_states,
@@ -743,6 +761,17 @@ class CheckpointCallback(keras.callbacks.Callback):
 
     def _chief(self) -> bool:
         return keras_io.is_chief(self.model, self.strategy)
+
+    def _every_process_writes(self) -> None:
+        """#36: a model split across the processes of a multi-host job: every process saves its part
+        (`multihost.py`) and process 0 commits. Decided once, by every process, at the fit's start."""
+        if self.manager.job is not None or not multihost.split_across_processes(self.model):
+            return
+        if self.save_trainable_only:
+            raise ValueError(
+                "Invalid value for argument `save_trainable_only`. Received: save_trainable_only=True for a "
+                "model split across processes. Expected False: each process saves the parts it holds.")
+        self.manager.every_process_writes(multihost.channel(self.manager.url), self.barrier_timeout)
 
     def _check_run_folder(self) -> None:
         """Refuse to mix a new training run into a folder that already holds one."""

@@ -40,6 +40,7 @@ from resumable.core.manifest import Manifest
 from resumable.core.naming import DEFAULT_TEMPLATE, check_name
 from resumable.core.policy import Decision, Retention, plan
 from resumable.manager.arrival import Arrival
+from resumable.manager.job_commit import DEFAULT_BARRIER_TIMEOUT, JobChannel, JobCommit
 from resumable.manager.uploader import Uploader
 from resumable.storage import CheckpointInfo, RunStorage
 from resumable.storage.lease import DEFAULT_TIMEOUT, Lease, LeaseInfo, read_lease
@@ -130,6 +131,7 @@ class RunManager:
         self._refused_by: dict[str, Callable[[Path, str], object]] = {}
         self.on_commit: Callable[[CheckpointInfo], None] | None = None  # after each commit (callback)
         self.on_skipped: Callable[[str], None] | None = None  # the line saying a checkpoint was skipped
+        self.job: JobCommit | None = None  # #36: set when every process of a multi-host job writes its part
 
     def __repr__(self) -> str:
         return f"RunManager({self.storage.url!r}, lease held={self.lease.held})"
@@ -183,6 +185,17 @@ class RunManager:
             self.lease.release()
 
     # ------------------------------------------------------------------ saving
+
+    def every_process_writes(self, channel: JobChannel, timeout: float = DEFAULT_BARRIER_TIMEOUT) -> None:
+        """#36: a multi-host job whose variables no one process holds whole: from now on every
+        process uploads its own files of each checkpoint and process 0 commits them
+        (`job_commit.JobCommit`), and every checkpoint is committed, in order (when_behind='wait'):
+        the processes must agree on which checkpoints they commit."""
+        if self.job is None:
+            self.job = JobCommit(self.storage, channel, timeout=timeout, prepare=self._prepare_job_commit,
+                                 token=lambda: self.lease.info.token if self.lease.info is not None else None)
+            self.uploader.when_behind = "wait"
+
 
     def check_continues(self, restored: str | None, step: int) -> int | None:
         """Refuse to mix a new training run into a folder that already holds one.
@@ -241,6 +254,8 @@ class RunManager:
         ``write``: writes the files into ``folder`` first, in the uploader's thread when in the
         background (a checkpoint held in memory: training does not wait for its files).
         """
+        if self.job is not None:  # #36: a failed write is said in the job's round, never skipped alone
+            write = self.job.writer(folder, write)
         if self.async_upload:
             self.uploader.submit(folder, name, manifest, write=write)
         else:
@@ -293,6 +308,9 @@ class RunManager:
             except ResumableError as e:  # the storage failed: the commit will say how, if it fails too
                 logger.warning("resumable: could not renew the writer lease before committing %s: %s",
                                name, e)
+        if self.job is not None:  # #36: every process uploads its part, process 0 commits
+            return self.job.commit(staging, name, manifest, progress=self.verbose,
+                                   between_chunks=self._between_chunks)
         try:
             return self._commit_files(staging, name, manifest)
         except CheckpointExistsError:
@@ -303,6 +321,18 @@ class RunManager:
         self.storage.delete(name)
         self.damaged.discard(name)
         return self._commit_files(staging, name, manifest)
+
+    def _prepare_job_commit(self, name: str) -> None:
+        """Process 0's first step of a job's commit: the folder cleared, or a damaged one replaced."""
+        try:
+            self.storage.prepare_commit(name)
+        except CheckpointExistsError:
+            if name not in self.damaged or not self._still_damaged(name):
+                raise
+            logger.warning("resumable: replacing damaged checkpoint %s", name)
+            self.storage.delete(name)
+            self.damaged.discard(name)
+            self.storage.prepare_commit(name)
 
     def _still_damaged(self, name: str) -> bool:
         """Whether checkpoint ``name``, found damaged when resuming, still is: its files, or the
@@ -338,6 +368,8 @@ class RunManager:
         """After each commit, in the uploader's thread when uploading in the background."""
         self.last_checkpoint = info
         logger.info("resumable: saved %s", info.url)
+        if self.job is not None and not self.job.chief:
+            return  # #36: process 0 alone applies retention and reports commits
         self.apply_retention()
         if self.on_commit is not None:
             self.on_commit(info)
