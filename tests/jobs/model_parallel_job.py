@@ -17,7 +17,7 @@ without ``jax.distributed`` (the mesh is this process's devices). Prints, flushe
     SPLIT variables=<n> largest=<bytes> held=<bytes>
                                          the split variables, the largest one's size, and what
                                          this process holds of it (addressable shards)
-    MEMORY restore=<bytes>               peak memory growth while resume() read the checkpoint
+    MEMORY restore=<bytes>               peak memory growth while resume() read the variables
     MEMORY save=<bytes> snapshot=<bytes> with --measure, after training: peak memory growth
                                          while this process took and wrote its part of a
                                          checkpoint, and the bytes that part held
@@ -114,7 +114,7 @@ def distribution(devices: list[Any]) -> Any:
                                             auto_shard_dataset=False)
 
 
-def build_model(seed: int, hidden: int, width: int, measured: dict[str, int]) -> Any:
+def build_model(seed: int, hidden: int, width: int) -> Any:
     import keras
 
     seed_everything(seed)
@@ -124,8 +124,6 @@ def build_model(seed: int, hidden: int, width: int, measured: dict[str, int]) ->
                               keras.layers.Dense(1, name="out")])
     model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse")
     model.optimizer.build(model.trainable_variables)
-    prime_tensorstore()
-    measured["built"] = peak_reset()  # what resume() reads from here on is the checkpoint
     return model
 
 
@@ -166,6 +164,23 @@ def split_report(model: Any) -> str:
     largest = max(split, key=lambda v: v.value.nbytes)
     held = sum(s.data.nbytes for s in largest.value.addressable_shards if s.replica_id == 0)
     return f"SPLIT variables={len(split)} largest={largest.value.nbytes} held={held}"
+
+
+def measure_restore() -> dict[str, int]:
+    """Measure the peak memory growth while resume() reads a split model's variables (into the dict)."""
+    from resumable.keras import multihost
+
+    measured: dict[str, int] = {}
+    original = multihost.read_variables
+
+    def read_variables(*args: Any, **kwargs: Any) -> None:
+        prime_tensorstore()
+        before = peak_reset()
+        original(*args, **kwargs)
+        measured["growth"] = peak() - before
+
+    multihost.read_variables = read_variables  # type: ignore[assignment]
+    return measured
 
 
 def measure_save(model: Any) -> None:
@@ -221,14 +236,14 @@ def main(argv: list[str]) -> int:
     if args.slow_first_part:
         slow_first_upload(args.slow_first_part)
 
-    measured: dict[str, int] = {}
+    measured = measure_restore()
     run = resumable.resume(
-        args.url, build_model=lambda: build_model(args.seed, args.hidden, args.width, measured),
+        args.url, build_model=lambda: build_model(args.seed, args.hidden, args.width),
         distribution=distribution(jax.devices()), monitor="val_loss", keep_last=2, keep_best=1,
         save_freq=args.save_freq if args.save_freq == "epoch" else int(args.save_freq),
         save_interval=args.save_interval, barrier_timeout=args.barrier_timeout,
     )
-    print(f"MEMORY restore={peak() - measured['built']}", flush=True)
+    print(f"MEMORY restore={measured.get('growth', 0)}", flush=True)
     if args.restored_out:
         np.savez(args.restored_out, **shards(run.model))
     print(f"READY initial_epoch={run.initial_epoch} step={run.checkpoint.step if run.checkpoint else 0}",
