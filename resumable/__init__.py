@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from resumable._version import __version__
 from resumable.core.errors import (
+    BarrierTimeoutError,
     CheckpointExistsError,
     CheckpointMismatchError,
     CheckpointNotFoundError,
@@ -63,6 +64,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "BackupAndRestore",
+    "BarrierTimeoutError",
     "CheckpointCallback",
     "CheckpointExistsError",
     "CheckpointInfo",

@@ -771,6 +771,7 @@ class CheckpointCallback(keras.callbacks.Callback):
             raise ValueError(
                 "Invalid value for argument `save_trainable_only`. Received: save_trainable_only=True for a "
                 "model split across processes. Expected False: each process saves the parts it holds.")
+        multihost.check_installed()
         self.manager.every_process_writes(multihost.channel(self.manager.url), self.barrier_timeout)
 
     def _check_run_folder(self) -> None:

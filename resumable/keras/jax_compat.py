@@ -29,8 +29,8 @@ def distributed_client() -> Any:
         version = getattr(jax, "__version__", "?")
         raise ResumableError(
             f"resumable: JAX {version} offers no distributed key-value store here, which a model split "
-            "across processes needs to commit checkpoints; call jax.distributed.initialize() first, or use "
-            "a JAX version from 0.4.30 on"
+            "across processes needs to commit checkpoints; call jax.distributed.initialize() before Keras "
+            "builds the model"
         )
     return client
 

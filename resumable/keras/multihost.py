@@ -66,6 +66,9 @@ def split_across_processes(model: keras.Model | None) -> bool:
     return False
 
 
+check_installed = shard_io.check_installed
+
+
 def holds(info: CheckpointInfo | None) -> bool:
     """Whether checkpoint ``info`` was written by the processes of such a job, each its part."""
     return info is not None and info.manifest is not None and info.manifest.payload == VARIABLES_FILE
@@ -175,6 +178,7 @@ def snapshot(model: keras.Model, *, state: dict[str, Any], arrays: dict[str, np.
     """
     index = keras_io.process_index()
     variables = _variables(model)
+    shard_io.start_transfers([v.value for v in variables], index)
     owned = [shard_io.take(v.value, index) for v in variables]
     if index != 0:
         return PartSnapshot(False, owned)
@@ -201,12 +205,14 @@ def load_model(folder: Path, build_model: Callable[[], keras.Model] | None, *, s
                distribution: Any = None, where: str, landed: Any = None) -> keras.Model:
     """`keras_io.load_model` of a checkpoint whose every file is in ``folder`` (one process resumes
     a checkpoint a multi-host job wrote: it holds every part)."""
+    check_installed()
     return keras_io.load_model(folder, build_model, strategy=strategy, distribution=distribution, where=where,
                                landed=landed, weights=lambda model: read_variables(model, folder, where))
 
 
 def load_into(model: keras.Model, folder: Path, where: str) -> None:
     """`keras_io.load_into` of such a checkpoint: its variables and seed generator states into ``model``."""
+    check_installed()
     read_variables(model, folder, where)
     keras_io.restore_seed_generators(model, keras_io.read_arrays(folder), where)
 
@@ -329,7 +335,10 @@ class JobResume:
     def newest_is_split(self) -> bool:
         """Whether the newest good checkpoint (process 0's view) was written by such a job."""
         newest = self.manager.newest_good() if self.channel.process_index == 0 else None
-        return self._from_chief("split", "1" if holds(newest) else "0") == "1"
+        split = self._from_chief("split", "1" if holds(newest) else "0") == "1"
+        if split:
+            check_installed()
+        return split
 
     def load_newest(self, build_model: Callable[[], keras.Model] | None, *, distribution: Any,
                     warn: Callable[[str], None]) -> tuple[CheckpointInfo, Path, keras.Model] | None:

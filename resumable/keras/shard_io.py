@@ -15,6 +15,7 @@ chunks). A chunk file a read needs and does not find is an error, never zeros
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -22,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from resumable.core.errors import ResumableError
 
 Index = tuple[slice, ...]
 
@@ -40,18 +43,41 @@ class OwnedShards:
         return sum(int(data.nbytes) for _, data in self.shards)
 
 
-def take(value: Any, process_index: int) -> OwnedShards:
-    """The shards of ``value`` (a ``jax.Array``) this process writes, copied to host memory now.
+def check_installed() -> None:
+    """ResumableError in one line when TensorStore, which writes and reads the parts, is missing."""
+    if importlib.util.find_spec("tensorstore") is None:
+        raise ResumableError(
+            "resumable: a model split across processes is saved with TensorStore, which is not installed: "
+            "pip install tensorstore (Colab's runtimes have it, with orbax-checkpoint)")
 
-    Replica 0 of each shard, on whichever device holds it; an array every process holds whole
-    (fully addressable) is written by process 0 alone. Copies, not views: the next training
-    step may donate the buffers.
+
+def owned(value: Any, process_index: int) -> list[Any]:
+    """The shards of ``value`` (a ``jax.Array``) this process writes: replica 0 of each, on
+    whichever device holds it; of an array every process holds whole (fully addressable),
+    process 0 alone writes it."""
+    if value.is_fully_addressable and process_index != 0:
+        return []
+    return [shard for shard in value.addressable_shards if shard.replica_id == 0]
+
+
+def start_transfers(values: Iterable[Any], process_index: int) -> None:
+    """Start copying every shard this process writes to host memory, all at once (as Orbax
+    does): on an accelerator the copies overlap, and `take` then only waits for them."""
+    for value in values:
+        for shard in owned(value, process_index):
+            shard.data.copy_to_host_async()
+
+
+def take(value: Any, process_index: int) -> OwnedShards:
+    """The shards of ``value`` this process writes, in host memory now (what training waits for).
+
+    On an accelerator the arrays are host copies; on JAX's CPU backend they view the device
+    buffers, which stay as they are: JAX does not donate a buffer an array still views to the
+    next step (it allocates a new one), as Orbax relies on too.
     """
     shape = tuple(int(d) for d in value.shape)
     chunks = tuple(max(1, int(d)) for d in value.sharding.shard_shape(shape))
-    ours = not value.is_fully_addressable or process_index == 0
-    shards = [(shard.index, np.array(shard.data, copy=True))
-              for shard in value.addressable_shards if ours and shard.replica_id == 0]
+    shards = [(shard.index, np.asarray(shard.data)) for shard in owned(value, process_index)]
     return OwnedShards(shape, _dtype_name(value.dtype), chunks, shards)
 
 
@@ -126,4 +152,5 @@ def _dtype_name(dtype: Any) -> str:
     return str(np.dtype(dtype).name) if not hasattr(dtype, "name") else str(dtype.name)
 
 
-__all__ = ["OwnedShards", "chunk_files", "read", "take", "write"]
+__all__ = ["OwnedShards", "check_installed", "chunk_files", "owned", "read", "start_transfers", "take",
+           "write"]

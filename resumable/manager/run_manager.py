@@ -26,7 +26,7 @@ import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from resumable.core.display import printable
 from resumable.core.errors import (
@@ -46,6 +46,7 @@ from resumable.storage import CheckpointInfo, RunStorage
 from resumable.storage.lease import DEFAULT_TIMEOUT, Lease, LeaseInfo, read_lease
 
 logger = logging.getLogger("resumable")
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -311,28 +312,24 @@ class RunManager:
         if self.job is not None:  # #36: every process uploads its part, process 0 commits
             return self.job.commit(staging, name, manifest, progress=self.verbose,
                                    between_chunks=self._between_chunks)
+        return self._replacing_damaged(name, lambda: self._commit_files(staging, name, manifest))
+
+    def _prepare_job_commit(self, name: str) -> None:
+        """#36: process 0's first step of a job's commit: the folder cleared, or a damaged one replaced."""
+        self._replacing_damaged(name, lambda: self.storage.prepare_commit(name))
+
+    def _replacing_damaged(self, name: str, step: Callable[[], _T]) -> _T:
+        """``step()``; when a committed checkpoint ``name`` is in its way, only one resume() found
+        damaged may be replaced, and only if it still is: deleted, then ``step()`` again."""
         try:
-            return self._commit_files(staging, name, manifest)
+            return step()
         except CheckpointExistsError:
-            # Only a checkpoint resume() found damaged may be replaced, and only if it still is.
             if name not in self.damaged or not self._still_damaged(name):
                 raise
         logger.warning("resumable: replacing damaged checkpoint %s", name)
         self.storage.delete(name)
         self.damaged.discard(name)
-        return self._commit_files(staging, name, manifest)
-
-    def _prepare_job_commit(self, name: str) -> None:
-        """Process 0's first step of a job's commit: the folder cleared, or a damaged one replaced."""
-        try:
-            self.storage.prepare_commit(name)
-        except CheckpointExistsError:
-            if name not in self.damaged or not self._still_damaged(name):
-                raise
-            logger.warning("resumable: replacing damaged checkpoint %s", name)
-            self.storage.delete(name)
-            self.damaged.discard(name)
-            self.storage.prepare_commit(name)
+        return step()
 
     def _still_damaged(self, name: str) -> bool:
         """Whether checkpoint ``name``, found damaged when resuming, still is: its files, or the

@@ -274,7 +274,6 @@ def test_split_model_reshards_onto_fewer_processes_and_one_each_reading_only_its
     largest, held = int(split["largest"]), int(split["held"])
     assert held * 4 == largest  # each process holds a quarter of it
     for process in first:  # a save holds this process's part, never a whole split variable
-        print(process.line("MEMORY save"), f"largest={largest}")
         save, snapshot = (int(kv.split("=")[1]) for kv in process.line("MEMORY save").split()[1:])
         assert snapshot < 0.25 * 3 * largest * 1.05, process.line("MEMORY save")  # kernel, its two Adam slots
         assert save < snapshot + largest / 2, process.line("MEMORY save")
@@ -293,7 +292,6 @@ def test_split_model_reshards_onto_fewer_processes_and_one_each_reading_only_its
     assert all(p.line("READY") == f"READY initial_epoch=1 step={STEPS_PER_EPOCH}" for p in second)
     assert_same_arrays(whole(outs(tmp_path, "two", 2, "r")), whole(outs(tmp_path, "four", 4)))
     for i, process in enumerate(second):
-        print(process.line("MEMORY restore"), f"largest={largest}")
         restore = int(process.line("MEMORY restore").split("=")[1])
         assert restore < largest, process.line("MEMORY restore")  # never a whole split variable at once
         cached = _files(default_staging_dir(RunStorage(url).url, i) / "cache" / name)
