@@ -19,8 +19,10 @@ Every process learns the outcome: all keep the same `last_checkpoint` and raise 
 error; only process 0 applies retention (`RunManager`). A process that died is noticed when a
 wait runs out: BarrierTimeoutError names the processes waited for, the checkpoint stays
 uncommitted (its manifest is only written once every part is in, so a half-written one is
-never listed) and the one before it stays the newest. Rounds are numbered, and every process
-commits the same checkpoints in the same order (no save is skipped in such a job).
+never listed) and the one before it stays the newest. Every process commits the same
+checkpoints in the same order: in such a job no save is skipped, and one that failed is dropped
+on every process, never tried again (`RunManager`). A round is named by its checkpoint, so that
+processes that ever disagreed would time out, never commit one's files under another name.
 """
 
 from __future__ import annotations
@@ -86,7 +88,8 @@ class JobCommit:
         self.timeout = timeout
         self._prepare = prepare
         self._token = token
-        self._round = 0
+        self._attempts: dict[str, int] = {}  # commits of each name so far: every process counts alike
+        self._previous: str | None = None  # the last round committed, dropped after the next one
         self._unwritten: dict[Path, BaseException] = {}  # staged folders whose files could not be written
 
     def __repr__(self) -> str:
@@ -121,8 +124,11 @@ class JobCommit:
         stopped the commit, on every process: BarrierTimeoutError when a process did not
         answer in time, LeaseLostError when the run was taken over, the error a process met.
         """
-        self._round += 1
-        key = f"commit/{self._round}"
+        # A round is named by the checkpoint and the how-many-th commit of that name it is: were
+        # the processes ever to disagree on which checkpoint comes next, a round would time out,
+        # never commit one process's files under another checkpoint's name.
+        self._attempts[name] = self._attempts.get(name, 0) + 1
+        key = f"commit/{name}/{self._attempts[name]}"
         if self.chief:
             return self._lead(key, staging, name, manifest, progress, between_chunks)
         return self._follow(key, staging, name, progress, between_chunks)
@@ -154,7 +160,9 @@ class JobCommit:
             raise
         assert info.manifest is not None
         self._put(f"{key}/committed", {"manifest": info.manifest.to_dict()})
-        self._forget(self._round - 1)  # every process has read it: they all sent this round's part
+        if self._previous is not None:  # every process has read it: they all sent this round's part
+            self._forget(self._previous)
+        self._previous = key
         return info
 
     def _parts(self, key: str, name: str) -> list[tuple[int, dict[str, FileEntry]]]:
@@ -171,11 +179,8 @@ class JobCommit:
             parts.append((index, _entries(message.get("files"), f"process {index}'s part of {name}")))
         return parts
 
-    def _forget(self, round_: int) -> None:
+    def _forget(self, key: str) -> None:
         """Drop a finished round's messages: a long run must not grow the store without end."""
-        if round_ < 1:
-            return
-        key = f"commit/{round_}"
         for suffix in ("ready", "committed", *(f"part/{i}" for i in range(1, self.channel.process_count))):
             try:
                 self.channel.delete(f"{key}/{suffix}")

@@ -190,12 +190,14 @@ class RunManager:
     def every_process_writes(self, channel: JobChannel, timeout: float = DEFAULT_BARRIER_TIMEOUT) -> None:
         """#36: a multi-host job whose variables no one process holds whole: from now on every
         process uploads its own files of each checkpoint and process 0 commits them
-        (`job_commit.JobCommit`), and every checkpoint is committed, in order (when_behind='wait'):
-        the processes must agree on which checkpoints they commit."""
+        (`job_commit.JobCommit`). The processes must agree on which checkpoints they commit: none
+        is skipped (when_behind='wait'), and one that failed is dropped on every process, never
+        tried again."""
         if self.job is None:
             self.job = JobCommit(self.storage, channel, timeout=timeout, prepare=self._prepare_job_commit,
                                  token=lambda: self.lease.info.token if self.lease.info is not None else None)
             self.uploader.when_behind = "wait"
+            self.uploader.retry_failed = False
 
 
     def check_continues(self, restored: str | None, step: int) -> int | None:

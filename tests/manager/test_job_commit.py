@@ -12,6 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from resumable import RunStorage
 from resumable.core.checksum import crc32c_of_file
 from resumable.core.errors import (
@@ -171,15 +173,23 @@ def test_a_job_taken_over_writes_nothing_more(tmp_path: Path) -> None:
     assert not (tmp_path / "run" / "ckpt-000001" / MANIFEST_NAME).exists()
 
 
-def test_two_processes_writing_the_same_file_is_refused(tmp_path: Path) -> None:
+def test_a_file_reported_by_two_processes_is_refused(tmp_path: Path) -> None:
     url = str(tmp_path / "run")
-    committers = jobs(url, 2)
-    same = [part(tmp_path / "p0", 0), part(tmp_path / "p1", 0)]  # process 1 wrote process 0's files
-    results = in_threads([lambda i=i: committers[i].commit(same[i], "ckpt-000001", Manifest(epoch=1))
-                          for i in range(2)])
-    assert all(isinstance(r, ResumableError) for r in results)
-    assert "which another process wrote too" in str(results[0])
+    group = channels(2)
+    chief = JobCommit(RunStorage(url), group[0], timeout=10, prepare=RunStorage(url).prepare_commit)
+
+    def process_1() -> None:  # reports process 0's listing as its own (two processes wrote one file)
+        assert group[1].get("commit/ckpt-000001/1/ready", 10) is not None
+        clash = {"files": {"variables.json": [17, "0badf00d"]}}
+        group[1].put("commit/ckpt-000001/1/part/1", json.dumps(clash))
+
+    results = in_threads([lambda: chief.commit(part(tmp_path / "p0", 0), "ckpt-000001", Manifest(epoch=1)),
+                          process_1])
+    assert isinstance(results[0], ResumableError)
+    assert "process 1 wrote variables.json, which another process wrote too; not committed" in str(results[0])
     assert not (tmp_path / "run" / "ckpt-000001" / MANIFEST_NAME).exists()
+    answer = json.loads(group[1].get("commit/ckpt-000001/1/committed", 1) or "{}")
+    assert "which another process wrote too" in answer["error"]  # process 1 learns it too
 
 
 def test_a_part_that_could_not_be_written_fails_the_round_and_its_retry(tmp_path: Path) -> None:
@@ -212,7 +222,7 @@ def test_finished_rounds_are_forgotten(tmp_path: Path) -> None:
         name = f"ckpt-{epoch:06d}"
         in_threads([lambda i=i, n=name, e=epoch: committers[i].commit(part(tmp_path / f"p{i}-{n}", i), n,
                                                                        Manifest(epoch=e)) for i in range(2)])
-    assert {key.split("/")[1] for key in group[0].shared} == {"3"}  # rounds 1 and 2 dropped
+    assert {key.split("/")[1] for key in group[0].shared} == {"ckpt-000003"}  # rounds 1 and 2 dropped
     assert [c.name for c in RunStorage(url).list() if c.ok] == ["ckpt-000001", "ckpt-000002", "ckpt-000003"]
 
 
@@ -255,3 +265,42 @@ def test_run_manager_commits_in_order_and_only_process_0_applies_retention(tmp_p
     assert [m.last_checkpoint.name for m in managers if m.last_checkpoint] == ["ckpt-000003"] * 2
     stored = json.loads((tmp_path / "run" / "ckpt-000003" / MANIFEST_NAME).read_text())
     assert set(stored["files"]) == {"variables.json", "variables/0/0.0", "variables/0/0.1"}
+
+
+def test_a_failed_round_is_dropped_on_every_process_never_retried(tmp_path: Path) -> None:
+    url = str(tmp_path / "run")
+    group = channels(2)
+    managers = [RunManager(url, staging_dir=tmp_path / f"s{i}", process_index=i) for i in range(2)]
+    for i, manager in enumerate(managers):
+        manager.every_process_writes(group[i], timeout=10)
+    managers[0].acquire()
+
+    def write(folder: Path, i: int, epoch: int) -> None:
+        if i == 1 and epoch in (1, 3):  # process 1 cannot write its part of epochs 1 and 3
+            raise OSError(5, "Input/output error")
+        part(folder, i)
+
+    def train(i: int) -> list[str]:
+        errors = []
+        for epoch in (1, 2, 3):
+            name = f"ckpt-{epoch:06d}"
+            folder = managers[i].stage(name)
+            managers[i].submit(folder, name, Manifest(epoch=epoch),
+                               write=lambda f, i=i, e=epoch: write(f, i, e))
+            try:
+                managers[i].wait()
+            except ResumableError as e:
+                errors.append(str(e))
+            except OSError as e:
+                errors.append(str(e))
+        return errors
+
+    with pytest.warns(UserWarning, match="it is not tried again"):
+        results = in_threads([lambda i=i: train(i) for i in range(2)])
+    managers[0].release()
+    assert all(isinstance(r, list) for r in results), results
+    for errors in results:  # each process is told of epochs 1 and 3, once each
+        assert len(errors) == 2 and all("Input/output error" in e for e in errors), errors
+    assert [m.uploader.committed for m in managers] == [["ckpt-000002"]] * 2  # none retried, none skipped
+    assert [c.name for c in RunStorage(url).list() if c.ok] == ["ckpt-000002"]
+
