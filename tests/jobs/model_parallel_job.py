@@ -6,7 +6,9 @@
 Every process starts with ``jax.distributed.initialize`` (a coordinator on 127.0.0.1, CPU
 collectives over gloo), ``--host-devices`` XLA CPU devices of its own, and trains the same
 MLP under ``keras.distribution.ModelParallel`` over a mesh of every process's devices
-(``batch`` x ``model``, the batch axis of size 1: every process feeds the same batches), whose
+(``batch`` x ``model``, the batch axis of size 1: every process feeds the same batches; or
+with ``--model-axis N`` ``model`` x ``batch``, N x the rest, the batch split over each process's
+own devices, so again every process feeds the same global batches), whose
 ``LayoutMap`` splits the wide layer's kernel (``--hidden`` x ``--width``, the biggest variable)
 and bias by columns and the output kernel by rows over the ``model`` axis: no process holds a
 whole one of them. With ``--processes 1`` it runs
@@ -57,6 +59,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--process-id", type=int, default=0)
     parser.add_argument("--coordinator", help="host:port of the jax.distributed coordinator")
     parser.add_argument("--host-devices", type=int, default=2, help="XLA CPU devices of this process")
+    parser.add_argument("--model-axis", type=int,
+                        help="a mesh of model x batch (N x the rest) instead of 1 x every device")
     parser.add_argument("--hidden", type=int, default=64, help="units of the layer before the split one")
     parser.add_argument("--width", type=int, default=256, help="units of the split layer")
     parser.add_argument("--out", help="write this process's shards of the final variables here (.npz)")
@@ -101,10 +105,14 @@ def _status(field: str) -> int:
     raise RuntimeError(field)
 
 
-def distribution(devices: list[Any]) -> Any:
+def distribution(devices: list[Any], model_axis: int | None = None) -> Any:
     import keras
 
-    mesh = keras.distribution.DeviceMesh((1, len(devices)), ("batch", "model"), devices=devices)
+    if model_axis:  # model x batch: the model axis across processes, the batch axis within each
+        mesh = keras.distribution.DeviceMesh((model_axis, len(devices) // model_axis), ("model", "batch"),
+                                             devices=devices)
+    else:
+        mesh = keras.distribution.DeviceMesh((1, len(devices)), ("batch", "model"), devices=devices)
     layouts = keras.distribution.LayoutMap(mesh)
     layouts[".*wide/kernel"] = (None, "model")
     layouts[".*wide/bias"] = ("model",)
@@ -239,7 +247,8 @@ def main(argv: list[str]) -> int:
     measured = measure_restore()
     run = resumable.resume(
         args.url, build_model=lambda: build_model(args.seed, args.hidden, args.width),
-        distribution=distribution(jax.devices()), monitor="val_loss", keep_last=2, keep_best=1,
+        distribution=distribution(jax.devices(), args.model_axis), monitor="val_loss", keep_last=2,
+        keep_best=1,
         save_freq=args.save_freq if args.save_freq == "epoch" else int(args.save_freq),
         save_interval=args.save_interval, barrier_timeout=args.barrier_timeout,
     )

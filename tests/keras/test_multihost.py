@@ -265,7 +265,7 @@ BIG = ["--hidden", "1024", "--width", "4096"]  # the split kernel: 16 MiB, the b
 
 @pytest.mark.slow
 @needs_jax
-def test_split_model_reshards_onto_fewer_processes_and_one_each_reading_only_its_part(
+def test_split_model_reshards_onto_fewer_processes_another_mesh_and_one_each_reading_only_its_part(
         tmp_path: Path, gcs_bucket: str, capsys: pytest.CaptureFixture[str]) -> None:
     url = f"{gcs_bucket}/runs/split"
     # 4 processes x 2 devices: the wide kernel (1024 x 4096) in 8 column shards, 2 per process.
@@ -301,10 +301,17 @@ def test_split_model_reshards_onto_fewer_processes_and_one_each_reading_only_its
     assert later is not None and later.epoch == 2 and later.manifest is not None
     assert later.manifest.processes == 2 and later.manifest.payload == "variables.json"
 
+    # Another mesh shape: 2 processes x 2 devices as model (2) x batch (2): the kernel in halves,
+    # one per process (over both its devices); each reads the 4 chunk files of its half.
+    mesh = finish(start(url, 2, 3, tmp_path, "mesh", *BIG, "--model-axis", "2"))
+    assert all(p.line("READY") == f"READY initial_epoch=2 step={2 * STEPS_PER_EPOCH}" for p in mesh)
+    assert all(p.line("SPLIT").endswith(f"held={largest // 2}") for p in mesh)
+    assert_same_arrays(whole(outs(tmp_path, "mesh", 2, "r")), whole(outs(tmp_path, "two", 2)))
+
     # 1 process x 4 devices (a mesh of 4): every part, read by one process; it saves Keras' format.
-    one = finish(start(url, 1, 3, tmp_path, "one", *BIG, host_devices=4))
-    assert one[0].line("READY") == f"READY initial_epoch=2 step={2 * STEPS_PER_EPOCH}"
-    assert_same_arrays(whole(outs(tmp_path, "one", 1, "r")), whole(outs(tmp_path, "two", 2)))
+    one = finish(start(url, 1, 4, tmp_path, "one", *BIG, host_devices=4))
+    assert one[0].line("READY") == f"READY initial_epoch=3 step={3 * STEPS_PER_EPOCH}"
+    assert_same_arrays(whole(outs(tmp_path, "one", 1, "r")), whole(outs(tmp_path, "mesh", 2)))
     newest = RunStorage(url).latest()
     assert newest is not None and newest.manifest is not None and newest.manifest.payload == "model.keras"
 
@@ -315,12 +322,15 @@ def test_split_model_reshards_onto_fewer_processes_and_one_each_reading_only_its
     assert cli(["list", url, "--json"]) == 0
     listed = json.loads(capsys.readouterr().out)
     assert [c["status"] for c in listed["checkpoints"]] == ["ok"] * len(listed["checkpoints"])
+    kinds = {c.name: c.manifest.payload for c in RunStorage(url).list() if c.manifest is not None}
+    assert set(kinds.values()) == {"variables.json", "model.keras"}, kinds
+    split_one = max(name for name, payload in kinds.items() if payload == "variables.json")
     import gcsfs
 
-    chunk = f"{url}/{later.name}/variables/2/0.3"
+    chunk = f"{url}/{split_one}/variables/2/0.1"
     gcsfs.GCSFileSystem(token="anon").pipe_file(chunk.removeprefix("gs://"), b"\0" * 100)
     assert cli(["verify", url]) == 1
-    assert "variables/2/0.3" in capsys.readouterr().out
+    assert f"{split_one}/variables/2/0.1: size 100 bytes" in capsys.readouterr().out
 
 
 def _files(folder: Path) -> list[str]:
