@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 from paths import JOBS
 
-from resumable import CheckpointCallback, RunStorage
+from resumable import CheckpointCallback, ResumableError, RunStorage
 from resumable.cli.app import main as cli
 from resumable.manager.run_manager import default_staging_dir
 
@@ -47,6 +47,25 @@ def test_a_bad_barrier_timeout_is_refused_in_one_line(tmp_path: Path, timeout: A
     with pytest.raises(ValueError, match=r"Invalid value for argument `barrier_timeout`\. Received: "
                                          r"barrier_timeout=.*waits for the others at a save\.$"):
         CheckpointCallback(str(tmp_path / "run"), barrier_timeout=timeout)
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_split_model_refuses_trainable_only_and_a_missing_tensorstore_in_one_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from resumable.keras import multihost, shard_io
+
+    # Stands in for a model split across the processes of a job (tests below run real ones).
+    monkeypatch.setattr(multihost, "split_across_processes", lambda model: True)
+    callback = CheckpointCallback(str(tmp_path / "run"), save_trainable_only=True)
+    with pytest.raises(ValueError, match=r"^Invalid value for argument `save_trainable_only`\. Received: "
+                                         r"save_trainable_only=True for a model split across processes\. "
+                                         r"Expected False: each process saves the parts it holds\.$"):
+        callback._every_process_writes()
+    assert callback.manager.job is None
+    monkeypatch.setattr(shard_io.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ResumableError, match="^resumable: a model split across processes is saved with "
+                                             "TensorStore, which is not installed: pip install tensorstore"):
+        CheckpointCallback(str(tmp_path / "run"))._every_process_writes()
     assert not (tmp_path / "run").exists()
 
 
