@@ -220,20 +220,9 @@ def load_into(model: keras.Model, folder: Path, where: str) -> None:
 def read_variables(model: keras.Model, folder: Path, where: str) -> None:
     """Each variable (weights, then the optimizer's) receives its saved values, read from
     ``folder`` for this process's devices only, laid out as the variable is now."""
-    saved = read_listing(folder, where)
     _build_optimizer(model)
     variables = _variables(model)
-    for i, (variable, entry) in enumerate(zip(variables, saved, strict=False)):
-        if list(variable.shape) != entry["shape"]:
-            raise CheckpointMismatchError(
-                f"{where} does not fit the model from build_model(): variable {i} {variable.path!r} has "
-                f"shape {tuple(variable.shape)} in the model but {tuple(entry['shape'])} in the checkpoint "
-                f"(saved as {entry['path']!r})")
-    if len(variables) != len(saved):
-        raise CheckpointMismatchError(
-            f"{where} does not fit the model from build_model(): the model and its optimizer have "
-            f"{len(variables)} variables, the checkpoint {len(saved)}; build and compile the model as the "
-            "run did")
+    check_listing(variables, read_listing(folder, where), where)
     import jax.numpy as jnp
 
     for i, variable in enumerate(variables):
@@ -246,6 +235,21 @@ def read_variables(model: keras.Model, folder: Path, where: str) -> None:
                 f"{printable(str(e).splitlines()[0])}; the checkpoint is damaged, an older one will be used"
             ) from None
         variable.assign(value)
+
+
+def check_listing(variables: list[Any], saved: list[dict[str, Any]], where: str) -> None:
+    """CheckpointMismatchError naming the first variable whose shape differs from the one saved."""
+    for i, (variable, entry) in enumerate(zip(variables, saved, strict=False)):
+        if list(variable.shape) != entry["shape"]:
+            raise CheckpointMismatchError(
+                f"{where} does not fit the model from build_model(): variable {i} {variable.path!r} has "
+                f"shape {tuple(variable.shape)} in the model but {tuple(entry['shape'])} in the checkpoint "
+                f"(saved as {entry['path']!r})")
+    if len(variables) != len(saved):
+        raise CheckpointMismatchError(
+            f"{where} does not fit the model from build_model(): the model and its optimizer have "
+            f"{len(variables)} variables, the checkpoint {len(saved)}; build and compile the model as the "
+            "run did")
 
 
 def read_listing(folder: Path, where: str) -> list[dict[str, Any]]:
@@ -267,14 +271,23 @@ def read_listing(folder: Path, where: str) -> list[dict[str, Any]]:
     return variables
 
 
-def needed_files(model: keras.Model, folder: Path, where: str) -> set[str]:
+def needed_files(model: keras.Model, folder: Path, info: CheckpointInfo) -> set[str]:
     """The chunk files this process's devices need of each variable, under its current layout."""
+    variables = _variables(model)
+    check_listing(variables, read_listing(folder, info.url), info.url)
+    listed = len(info.manifest.files) if info.manifest is not None else 0
     needed: set[str] = set()
-    for i, variable in enumerate(_variables(model)):
+    for i, variable in enumerate(variables):
         prefix = f"{VARIABLES_FOLDER}/{i}"
-        metadata = _zarray(folder / prefix / ZARRAY, where)
-        indices = variable.value.sharding.addressable_devices_indices_map(tuple(variable.shape)).values()
-        needed.update(f"{prefix}/{name}" for name in shard_io.chunk_files(metadata, indices))
+        metadata = _zarray(folder / prefix / ZARRAY, info.url)
+        try:
+            if metadata["shape"] != list(variable.shape):
+                raise ValueError(f"shape {tuple(metadata['shape'])}, not the listed {tuple(variable.shape)}")
+            indices = variable.value.sharding.addressable_devices_indices_map(tuple(variable.shape)).values()
+            needed.update(f"{prefix}/{name}" for name in shard_io.chunk_files(metadata, indices, listed))
+        except ValueError as e:
+            raise CorruptCheckpointError(f"{info.url}: {prefix}/{ZARRAY}: {printable(str(e))}; the "
+                                         "checkpoint is damaged, an older one will be used") from None
     return needed
 
 
@@ -283,7 +296,8 @@ def _zarray(path: Path, where: str) -> dict[str, Any]:
         raw = safe_json.loads(path.read_bytes(), safe_json.STATE_LIMIT)
         if not (type(raw) is dict and type(raw.get("shape")) is list and type(raw.get("chunks")) is list
                 and len(raw["shape"]) == len(raw["chunks"])
-                and all(type(d) is int and d >= 0 for d in raw["shape"] + raw["chunks"])):
+                and all(type(d) is int and d >= 0 for d in raw["shape"] + raw["chunks"])
+                and raw.get("dimension_separator", ".") in (".", "/", None)):
             raise ValueError("is not zarr metadata")
     except (OSError, ValueError) as e:
         raise CorruptCheckpointError(f"{where}: {path.parent.name}/{ZARRAY} {printable(str(e))}; the "
@@ -366,7 +380,7 @@ class JobResume:
     def _read_part(self, model: keras.Model, info: CheckpointInfo, folder: Path) -> None:
         """This process's chunks of every variable, fetched and checked, then read."""
         _build_optimizer(model)
-        chunks = self.manager.fetch(only(info, needed_files(model, folder, info.url) | small_files(info)))
+        chunks = self.manager.fetch(only(info, needed_files(model, folder, info) | small_files(info)))
         read_variables(model, chunks, info.url)
 
     def _chosen(self) -> CheckpointInfo | None:

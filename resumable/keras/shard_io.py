@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib.util
 import itertools
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,9 +103,10 @@ def write(folder: Path, owned: OwnedShards, *, create: bool) -> None:
         pending.result()
 
 
-def chunk_files(metadata: dict[str, Any], indices: Iterable[Index]) -> set[str]:
+def chunk_files(metadata: dict[str, Any], indices: Iterable[Index], limit: int | None = None) -> set[str]:
     """Names of the chunk files (as zarr names them) holding the parts ``indices`` select of an
-    array with this ``.zarray`` ``metadata``."""
+    array with this ``.zarray`` ``metadata``; ValueError when a part would need more than
+    ``limit`` of them (metadata no checkpoint of this size can hold)."""
     shape = [int(d) for d in metadata["shape"]]
     chunks = [max(1, int(d)) for d in metadata["chunks"]]
     separator = metadata.get("dimension_separator") or "."
@@ -114,6 +116,8 @@ def chunk_files(metadata: dict[str, Any], indices: Iterable[Index]) -> set[str]:
         for size, chunk, part in zip(shape, chunks, _full(index, len(shape)), strict=True):
             start, stop, _ = part.indices(size)
             ranges.append(range(start // chunk, (stop - 1) // chunk + 1) if stop > start else range(0))
+        if limit is not None and math.prod(len(r) for r in ranges) > limit:
+            raise ValueError(f"chunks of {chunks} would need more files than the checkpoint's {limit}")
         names.update(separator.join(map(str, grid)) if grid else "0" for grid in itertools.product(*ranges))
     return names
 

@@ -81,6 +81,9 @@ def test_chunk_files_name_the_chunks_each_part_overlaps() -> None:
     assert chunk_files({"shape": [0, 4], "chunks": [1, 4]}, [(slice(None), slice(None))]) == set()
     slashes = {"shape": [6], "chunks": [4], "dimension_separator": "/"}
     assert chunk_files(slashes, [(slice(3, 6),)]) == {"0", "1"}
+    # metadata no checkpoint of that many files can hold is refused before any name is made
+    with pytest.raises(ValueError, match="more files than the checkpoint's 100"):
+        chunk_files({"shape": [2**40], "chunks": [1]}, [(slice(None),)], limit=100)
 
 
 def test_shards_written_and_read_back_and_a_missing_chunk_is_an_error_never_zeros(tmp_path: Path) -> None:
