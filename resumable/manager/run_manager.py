@@ -199,7 +199,6 @@ class RunManager:
             self.uploader.when_behind = "wait"
             self.uploader.retry_failed = False
 
-
     def check_continues(self, restored: str | None, step: int) -> int | None:
         """Refuse to mix a new training run into a folder that already holds one.
 
