@@ -337,6 +337,14 @@ def test_split_model_reshards_onto_fewer_processes_another_mesh_and_one_each_rea
     newest = RunStorage(url).latest()
     assert newest is not None and newest.manifest is not None and newest.manifest.payload == "model.keras"
 
+    # And back onto 2 processes x 2 devices: the Keras-format checkpoint of that one process,
+    # read whole by each process and split across them again; the next save is split again.
+    again = finish(start(url, 2, 5, tmp_path, "again", *BIG))
+    assert all(p.line("READY") == f"READY initial_epoch=4 step={4 * STEPS_PER_EPOCH}" for p in again)
+    assert_same_arrays(whole(outs(tmp_path, "again", 2, "r")), whole(outs(tmp_path, "one", 1)))
+    newest = RunStorage(url).latest()
+    assert newest is not None and newest.manifest is not None and newest.manifest.payload == "variables.json"
+
     # The CLI lists and verifies checkpoints of either kind; a damaged chunk file is named.
     capsys.readouterr()
     assert cli(["verify", url]) == 0
