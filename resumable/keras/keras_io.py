@@ -956,18 +956,23 @@ def save_file(model: keras.Model, path: Path, *, weights_only: bool = False, **k
         model.save(str(path), overwrite=True, **kwargs)
 
 
-def load_into(model: keras.Model, folder: Path, where: str) -> None:
+def load_into(model: keras.Model, folder: Path, where: str,
+              weights: Callable[[keras.Model], None] | None = None) -> None:
     """Load a fetched checkpoint folder's weights and optimizer state into ``model``, in place.
 
     For callbacks that restore the model ``fit`` was called on (resumable.BackupAndRestore, a
-    Run rolled back after an exception). The layout and optimizer are checked as in `load_model`.
+    Run rolled back after an exception). The layout and optimizer are checked as in `load_model`;
+    ``weights(model)`` loads them instead of Keras' files, as there.
     """
     state = read_state(folder, where)
     layout = state.get("trainable")
-    weights_file = _weights_file(folder, layout, where)
+    weights_file = _weights_file(folder, layout, where) if weights is None else folder
     _check_layout(model, state.get("model", {}).get("weights"), where)
     _check_optimizer_class(model, state.get("optimizer"), where)
-    _load_weights(model, weights_file, layout, where, "the model")
+    if weights is not None:
+        weights(model)
+    else:
+        _load_weights(model, weights_file, layout, where, "the model")
     _check_optimizer(model, state.get("optimizer"), where)
     arrays = read_arrays(folder)
     lora.restore(model, arrays, where)

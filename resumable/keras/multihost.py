@@ -213,8 +213,7 @@ def load_model(folder: Path, build_model: Callable[[], keras.Model] | None, *, s
 def load_into(model: keras.Model, folder: Path, where: str) -> None:
     """`keras_io.load_into` of such a checkpoint: its variables and seed generator states into ``model``."""
     check_installed()
-    read_variables(model, folder, where)
-    keras_io.restore_seed_generators(model, keras_io.read_arrays(folder), where)
+    keras_io.load_into(model, folder, where, weights=lambda model: read_variables(model, folder, where))
 
 
 def read_variables(model: keras.Model, folder: Path, where: str) -> None:
@@ -370,6 +369,25 @@ class JobResume:
             if model is not None:
                 return info, folder, model
         return None
+
+    def restore_into(self, model: keras.Model, *, warn: Callable[[str], None]
+                     ) -> tuple[CheckpointInfo, Path] | None:
+        """`load_newest` for the model ``fit`` was called on (BackupAndRestore): the newest
+        checkpoint every process could read, loaded into ``model`` in place; None if none."""
+        self.warn = warn
+        while (info := self._chosen()) is not None:
+            first = only(info, small_files(info)) if holds(info) else info
+            folder = self._agree("fetch", info, functools.partial(self.manager.fetch, first))
+            if folder is None:
+                continue
+            if self._agree("load", info, functools.partial(self._load_into, model, info, folder)):
+                return info, folder
+        return None
+
+    def _load_into(self, model: keras.Model, info: CheckpointInfo, folder: Path) -> bool:
+        weights = functools.partial(self._read_part, info=info, folder=folder) if holds(info) else None
+        keras_io.load_into(model, folder, info.url, weights=weights)
+        return True
 
     def _load(self, info: CheckpointInfo, folder: Path, build_model: Callable[[], keras.Model] | None,
               distribution: Any) -> keras.Model:

@@ -27,6 +27,10 @@ without ``jax.distributed`` (the mesh is this process's devices). Prints, flushe
     DONE epochs=<n>
     TENSORFLOW imported=<True|False>
 
+With ``--backup-and-restore`` it builds the model under the distribution and calls
+``model.fit`` with ``resumable.BackupAndRestore(RUN_URL, delete_checkpoint=False)`` instead, and
+prints ``EPOCH <n>`` at each epoch's start.
+
 ``--out`` and ``--restored-out`` write this process's shards (replica 0 of each, with their
 index) of every weight and optimizer variable, for the test to put the arrays together.
 """
@@ -74,6 +78,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
                         help="this process's first part upload waits this long first (a slow host)")
     parser.add_argument("--measure", action="store_true", help="print a MEMORY save= line at the end")
     parser.add_argument("--shuffle", action="store_true")
+    parser.add_argument("--backup-and-restore", action="store_true",
+                        help="a plain model.fit with resumable.BackupAndRestore(url) instead of resume()")
     return parser.parse_args(argv)
 
 
@@ -221,6 +227,34 @@ def slow_first_upload(seconds: float) -> None:
     RunStorage.upload_part = upload_part  # type: ignore[method-assign]
 
 
+def backup_and_restore(args: argparse.Namespace, devices: list[Any]) -> int:
+    """Keras' way: the model built under the distribution, then ``model.fit`` with
+    resumable.BackupAndRestore (backups kept), which restores the newest backup, if any, first."""
+    import keras
+    import numpy as np
+
+    import resumable
+
+    class Epochs(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+            print(f"EPOCH {epoch}", flush=True)
+
+    keras.distribution.set_distribution(distribution(devices, args.model_axis))
+    model = build_model(args.seed, args.hidden, args.width)
+    print(split_report(model), flush=True)
+    x, y, x_val, y_val = data(args.seed)
+    seed_everything(args.seed + 1)
+    backup = resumable.BackupAndRestore(args.url, delete_checkpoint=False,
+                                        barrier_timeout=args.barrier_timeout)
+    model.fit(x, y, epochs=args.epochs, callbacks=[backup, Epochs()], batch_size=BATCH, shuffle=args.shuffle,
+              validation_data=(x_val, y_val), verbose=0)
+    if args.out:
+        np.savez(args.out, **shards(model))
+    print(f"DONE epochs={args.epochs}", flush=True)
+    print(f"TENSORFLOW imported={'tensorflow' in sys.modules}", flush=True)
+    return 0
+
+
 def main(argv: list[str]) -> int:
     args = parse(argv)
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
@@ -244,6 +278,8 @@ def main(argv: list[str]) -> int:
     if args.slow_first_part:
         slow_first_upload(args.slow_first_part)
 
+    if args.backup_and_restore:
+        return backup_and_restore(args, jax.devices())
     measured = measure_restore()
     run = resumable.resume(
         args.url, build_model=lambda: build_model(args.seed, args.hidden, args.width),

@@ -282,6 +282,25 @@ def test_split_model_resumes_exactly_after_sigkills_and_a_slow_process_fails_one
     assert latest.manifest.state["format"] == "split"
 
 
+@pytest.mark.slow
+@needs_jax
+def test_backup_and_restore_of_a_split_model_restores_every_part_in_a_plain_fit(tmp_path: Path) -> None:
+    # Keras' drop-in in a plain model.fit: each process backs up its part, and a later fit
+    # restores them (every process the same backup) and continues where training stopped.
+    finish(start(tmp_path / "straight", 2, 3, tmp_path, "straight", "--backup-and-restore"))
+    url = tmp_path / "backup"
+    first = finish(start(url, 2, 2, tmp_path, "first", "--backup-and-restore"))
+    assert [line for line in first[0].lines if line.startswith("EPOCH")] == ["EPOCH 0", "EPOCH 1"]
+    latest = RunStorage(str(url)).latest()
+    assert latest is not None and latest.manifest is not None and latest.epoch == 2
+    assert latest.manifest.payload == "variables.json" and latest.manifest.processes == 2
+    second = finish(start(url, 2, 3, tmp_path, "second", "--backup-and-restore"))
+    for process in second:  # restored at epoch 2: only the third epoch is trained
+        assert [line for line in process.lines if line.startswith("EPOCH")] == ["EPOCH 2"], process.output
+    assert_same_arrays(whole(outs(tmp_path, "second", 2)), whole(outs(tmp_path, "straight", 2)))
+    check_every_commit(str(url))
+
+
 BIG = ["--hidden", "1024", "--width", "4096"]  # the split kernel: 16 MiB, the biggest variable
 
 
