@@ -361,13 +361,12 @@ class CheckpointCallback(keras.callbacks.Callback):
         self._last_save_time = time.monotonic()  # timed saves count training time only
         self._defer_lines = True
         self._every_process_writes()  # #36: decided by every process before any save
+        if self.manager.job is not None:  # #36: every process learns whether process 0 could take the folder
+            self.epochs_done = int(self.manager.job.start(self._take_run_folder).get("epochs_done",
+                                                                                      self.epochs_done))
+        elif self._chief():
+            self._take_run_folder()
         if self._chief():
-            self.manager.acquire()
-            try:
-                self._check_run_folder()
-            except BaseException:
-                self.release_lease()
-                raise
             self._fit_in_main_thread = threading.current_thread() is threading.main_thread()
             if not self._cell_watched:
                 self._cell_watched = notebook.after_this_cell(self._after_the_cell)
@@ -773,6 +772,17 @@ class CheckpointCallback(keras.callbacks.Callback):
                 "model split across processes. Expected False: each process saves the parts it holds.")
         multihost.check_installed()
         self.manager.every_process_writes(multihost.channel(self.manager.url), self.barrier_timeout)
+
+    def _take_run_folder(self) -> dict[str, Any]:
+        """The writer's start: the lease, then the run folder checked (given back if that fails);
+        the epochs done, which the other processes of a split job take from process 0."""
+        self.manager.acquire()
+        try:
+            self._check_run_folder()
+        except BaseException:
+            self.release_lease()
+            raise
+        return {"epochs_done": self.epochs_done}
 
     def _check_run_folder(self) -> None:
         """Refuse to mix a new training run into a folder that already holds one."""

@@ -15,7 +15,9 @@ Keras side, JAX's distributed key-value store), and every wait is bounded by ``t
 3. process 0 waits for every part, then writes the manifest (fenced by its lease) and says
    **committed**, with the manifest, or why it did not commit.
 
-Every process learns the outcome: all keep the same `last_checkpoint` and raise the same
+At the start of each fit, process 0 takes the writer lease and every process learns whether it
+could (`start`): a job whose process 0 may not write stops on every process, in one line.
+Every process learns the outcome of each commit: all keep the same `last_checkpoint` and raise the same
 error; only process 0 applies retention (`RunManager`). A process that died is noticed when a
 wait runs out: BarrierTimeoutError names the processes waited for, the checkpoint stays
 uncommitted (its manifest is only written once every part is in, so a half-written one is
@@ -37,7 +39,13 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from resumable.core.display import printable
-from resumable.core.errors import BarrierTimeoutError, LeaseLostError, ResumableError
+from resumable.core.errors import (
+    BarrierTimeoutError,
+    CheckpointExistsError,
+    LeaseHeldError,
+    LeaseLostError,
+    ResumableError,
+)
 from resumable.core.manifest import FileEntry, Manifest, is_safe_relative
 from resumable.storage import CheckpointInfo, RunStorage
 from resumable.storage.lease import check_holder
@@ -46,6 +54,9 @@ from resumable.storage.records import committed_info
 logger = logging.getLogger("resumable")
 
 DEFAULT_BARRIER_TIMEOUT = 600.0  # seconds one process waits for the others at a save or a resume
+# What stops process 0 from writing at a fit's start, raised as the same kind on the other processes.
+_START_ERRORS: dict[str, type[ResumableError]] = {
+    error.__name__: error for error in (LeaseHeldError, LeaseLostError, CheckpointExistsError)}
 _CRC32C = re.compile("[0-9a-f]{8}")
 
 
@@ -91,6 +102,7 @@ class JobCommit:
         self._attempts: dict[str, int] = {}  # commits of each name so far: every process counts alike
         self._previous: str | None = None  # the last round committed, dropped after the next one
         self._unwritten: dict[Path, BaseException] = {}  # staged folders whose files could not be written
+        self._starts = 0  # fits started so far: every process counts alike
 
     def __repr__(self) -> str:
         return (f"JobCommit({self.storage.url!r}, process {self.channel.process_index} of "
@@ -100,6 +112,30 @@ class JobCommit:
     def chief(self) -> bool:
         """Process 0: it prepares, writes the manifest and applies retention."""
         return self.channel.process_index == 0
+
+    def start(self, begin: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        """At the start of each fit: process 0 runs ``begin()`` (takes the writer lease, checks the
+        run folder); every process gets what it returned, or raises what stopped it, so that no
+        process trains on alone into a run folder its job may not write.
+
+        ``begin``'s result must be JSON; on the other processes ``begin`` is not called.
+        """
+        self._starts += 1
+        key = f"start/{self._starts}"
+        if self.chief:
+            try:
+                said = begin()
+            except BaseException as e:
+                self._put(key, {"error": _said(e), "kind": type(e).__name__})
+                raise
+            self._put(key, {"said": said})
+            return said
+        message = self._wait(key, "process 0 to start writing to the run folder")
+        if "error" in message:
+            error = _START_ERRORS.get(str(message.get("kind")), ResumableError)
+            raise error(f"process 0 could not start writing: {message['error']}")  # it names the folder
+        answer = message.get("said")
+        return dict(answer) if isinstance(answer, dict) else {}
 
     def writer(self, staging: Path, write: Callable[[Path], None] | None) -> Callable[[Path], None] | None:
         """``write``, made to keep its error for `commit`: a process that cannot write its files

@@ -302,6 +302,36 @@ def test_backup_and_restore_of_a_split_model_restores_every_part_in_a_plain_fit(
     check_every_commit(str(url))
 
 
+@pytest.mark.slow
+@needs_jax
+def test_a_split_job_whose_run_folder_another_job_writes_stops_on_every_process_in_one_line(
+        tmp_path: Path) -> None:
+    url = tmp_path / "run"
+    holder = subprocess.Popen(  # another job's process 0, alive, holds the writer lease
+        [sys.executable, "-c", "import sys, time; from resumable import RunStorage; "
+         "from resumable.storage.lease import Lease; Lease(RunStorage(sys.argv[1])).acquire(); "
+         "print('held', flush=True); time.sleep(300)", str(url)],
+        stdout=subprocess.PIPE, text=True, env=env())
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        # JAX's heartbeat (60 s) would end process 1 too, later and in JAX's words: ours must come first
+        job = start(url, 2, 1, tmp_path, "refused", "--heartbeat", "60")
+        job[1].wait_for("READY", timeout=120)
+        began = time.monotonic()
+        codes = [process.finish(timeout=120) for process in job]
+        assert time.monotonic() - began < 45
+        said = [process.log.read_text() for process in job]
+        assert codes[0] != 0 and codes[1] != 0, said
+        assert f"LeaseHeldError: {RunStorage(str(url)).url} is being written by another process" in said[0]
+        assert f"LeaseHeldError: process 0 could not start writing: {RunStorage(str(url)).url} is being " \
+               "written by another process" in said[1]
+        assert f"process {holder.pid}" in said[1].rsplit("process 0 could not start writing: ", 1)[1]
+        assert RunStorage(str(url)).list() == []
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 BIG = ["--hidden", "1024", "--width", "4096"]
 ZARRAY_NAME = ".zarray"  # the split kernel: 16 MiB, the biggest variable
 

@@ -6,6 +6,8 @@ JAX processes."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -19,6 +21,7 @@ from resumable.core.checksum import crc32c_of_file
 from resumable.core.errors import (
     BarrierTimeoutError,
     CheckpointExistsError,
+    LeaseHeldError,
     LeaseLostError,
     ResumableError,
 )
@@ -304,3 +307,35 @@ def test_a_failed_round_is_dropped_on_every_process_never_retried(tmp_path: Path
     assert [m.uploader.committed for m in managers] == [["ckpt-000002"]] * 2  # none retried, none skipped
     assert [c.name for c in RunStorage(url).list() if c.ok] == ["ckpt-000002"]
 
+
+
+def test_a_fit_starts_on_every_process_only_once_process_0_took_the_run_folder(tmp_path: Path) -> None:
+    url = str(tmp_path / "run")
+    other = subprocess.Popen(  # another job's process 0 writes into the run folder
+        [sys.executable, "-c", "import sys, time; from resumable import RunStorage; "
+         "from resumable.storage.lease import Lease; Lease(RunStorage(sys.argv[1])).acquire(); "
+         "print('held', flush=True); time.sleep(60)", url], stdout=subprocess.PIPE, text=True)
+    assert other.stdout is not None and other.stdout.readline().strip() == "held"
+    committers = jobs(url, 3)
+
+    def begin() -> dict[str, Any]:
+        Lease(RunStorage(url)).acquire()
+        return {"epochs_done": 4}
+
+    def never() -> dict[str, Any]:
+        raise AssertionError("only process 0 takes the run folder")
+
+    started = time.monotonic()
+    results = in_threads([lambda: committers[0].start(begin), lambda: committers[1].start(never),
+                          lambda: committers[2].start(never)])
+    assert time.monotonic() - started < 5  # at once, never after barrier_timeout
+    assert isinstance(results[0], LeaseHeldError)
+    for result in results[1:]:  # the same kind of error, in one line naming the holder
+        assert isinstance(result, LeaseHeldError), result
+        assert str(result).startswith("process 0 could not start writing: ")
+        assert str(result).endswith(str(results[0]).splitlines()[0]) and "\n" not in str(result)
+    other.kill()
+    other.wait()
+    # the next fit: process 0 takes it, and every process gets what it said
+    assert in_threads([lambda: committers[0].start(begin), lambda: committers[1].start(never),
+                       lambda: committers[2].start(never)]) == [{"epochs_done": 4}] * 3
