@@ -356,6 +356,20 @@ class JobResume:
     def load_newest(self, build_model: Callable[[], keras.Model] | None, *, distribution: Any,
                     warn: Callable[[str], None]) -> tuple[CheckpointInfo, Path, keras.Model] | None:
         """The newest checkpoint every process could read, with its folder and the model; None if none."""
+        return self._newest_loaded(lambda info, folder: self._load(info, folder, build_model, distribution),
+                                   warn)
+
+    def restore_into(self, model: keras.Model, *, warn: Callable[[str], None]
+                     ) -> tuple[CheckpointInfo, Path] | None:
+        """`load_newest` for the model ``fit`` was called on (BackupAndRestore): the newest
+        checkpoint every process could read, loaded into ``model`` in place; None if none."""
+        found = self._newest_loaded(lambda info, folder: self._load_into(model, info, folder), warn)
+        return None if found is None else (found[0], found[1])
+
+    def _newest_loaded(self, load: Callable[[CheckpointInfo, Path], Any], warn: Callable[[str], None]
+                       ) -> tuple[CheckpointInfo, Path, Any] | None:
+        """The newest checkpoint every process could fetch and ``load(info, folder)``, its folder and
+        what ``load`` returned (never None); None if none."""
         self.warn = warn
         while (info := self._chosen()) is not None:
             # The small files first, then each process its own chunks (_read_part); an older
@@ -364,36 +378,23 @@ class JobResume:
             folder = self._agree("fetch", info, functools.partial(self.manager.fetch, first))
             if folder is None:
                 continue
-            model = self._agree("load", info, functools.partial(self._load, info, folder, build_model,
-                                                                 distribution))
-            if model is not None:
-                return info, folder, model
+            loaded = self._agree("load", info, functools.partial(load, info, folder))
+            if loaded is not None:
+                return info, folder, loaded
         return None
-
-    def restore_into(self, model: keras.Model, *, warn: Callable[[str], None]
-                     ) -> tuple[CheckpointInfo, Path] | None:
-        """`load_newest` for the model ``fit`` was called on (BackupAndRestore): the newest
-        checkpoint every process could read, loaded into ``model`` in place; None if none."""
-        self.warn = warn
-        while (info := self._chosen()) is not None:
-            first = only(info, small_files(info)) if holds(info) else info
-            folder = self._agree("fetch", info, functools.partial(self.manager.fetch, first))
-            if folder is None:
-                continue
-            if self._agree("load", info, functools.partial(self._load_into, model, info, folder)):
-                return info, folder
-        return None
-
-    def _load_into(self, model: keras.Model, info: CheckpointInfo, folder: Path) -> bool:
-        weights = functools.partial(self._read_part, info=info, folder=folder) if holds(info) else None
-        keras_io.load_into(model, folder, info.url, weights=weights)
-        return True
 
     def _load(self, info: CheckpointInfo, folder: Path, build_model: Callable[[], keras.Model] | None,
               distribution: Any) -> keras.Model:
-        weights = functools.partial(self._read_part, info=info, folder=folder) if holds(info) else None
         return keras_io.load_model(folder, build_model, distribution=distribution, where=info.url,
-                                   weights=weights)
+                                   weights=self._weights(info, folder))
+
+    def _load_into(self, model: keras.Model, info: CheckpointInfo, folder: Path) -> bool:
+        keras_io.load_into(model, folder, info.url, weights=self._weights(info, folder))
+        return True
+
+    def _weights(self, info: CheckpointInfo, folder: Path) -> Callable[[keras.Model], None] | None:
+        """How a checkpoint's weights are read: this process's part of a split one; Keras' files else."""
+        return functools.partial(self._read_part, info=info, folder=folder) if holds(info) else None
 
     def _read_part(self, model: keras.Model, info: CheckpointInfo, folder: Path) -> None:
         """This process's chunks of every variable, fetched and checked, then read."""
