@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from resumable._keras_floor import warn_if_too_old
 from resumable._version import __version__
 from resumable.core.errors import (
+    BarrierTimeoutError,
     CheckpointExistsError,
     CheckpointMismatchError,
     CheckpointNotFoundError,
@@ -66,6 +67,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "BackupAndRestore",
+    "BarrierTimeoutError",
     "CheckpointCallback",
     "CheckpointExistsError",
     "CheckpointInfo",

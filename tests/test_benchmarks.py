@@ -1,4 +1,4 @@
-"""The save benchmark runs end to end in its tiny version, on both backends (its numbers are not checked)."""
+"""The benchmarks run end to end in their tiny versions (their numbers are not checked)."""
 
 from __future__ import annotations
 
@@ -56,3 +56,29 @@ def test_bench_run_length_tiny_prints_every_row(gcs_server: str) -> None:
     assert [(r[0], r[1], r[2]) for r in rows] == [
         (where, "12", m) for where in ("local", "gs") for m in measures for _ in ("now", "before")]
     assert all(r[-1] == "1" for r in rows)  # one round each
+
+
+MULTIHOST = Path(__file__).parent.parent / "benchmarks" / "bench_multihost.py"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (importlib.util.find_spec("tensorstore") and importlib.util.find_spec("jax")),
+                    reason="needs jax and tensorstore")
+def test_bench_multihost_tiny_prints_its_tables() -> None:
+    configs = "none,resumable"
+    if importlib.util.find_spec("orbax") and importlib.util.find_spec("orbax.checkpoint"):
+        configs += ",orbax"
+    result = subprocess.run(
+        [sys.executable, str(MULTIHOST), "--tiny", "--configs", configs], capture_output=True, text=True,
+        timeout=900, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stdout
+    assert "2 processes x 2 CPU devices, one mesh of 4; the split kernel 64 x 512" in out
+    rows = {line.split(" | ")[0].lstrip("| "): line.split(" | ")[1:] for line in out.splitlines()
+            if line.startswith("| ") and not line.startswith("| configuration")}
+    blocked = rows["resumable, local"][0]
+    assert blocked != "-" and float(blocked.split()[0]) > 0, rows  # measured, not left out
+    if "orbax" in configs:
+        assert rows["OrbaxCheckpoint, local"][0] != "-" and "ratio" in rows, rows
+    assert "wrote" not in out  # the tiny run never rewrites the docs

@@ -74,3 +74,8 @@ class LeaseLostError(ResumableError):
     def _render_traceback_(self) -> list[str]:
         """What IPython, Jupyter and Colab show instead of a traceback: the one line that says it all."""
         return [f"{type(self).__name__}: {self}"]
+
+
+class BarrierTimeoutError(ResumableError, TimeoutError):
+    """A process of a multi-host job waited its ``barrier_timeout`` for the others at a save or a
+    resume; the message names the processes it waited for."""

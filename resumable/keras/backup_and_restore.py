@@ -20,8 +20,10 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from resumable.keras import compat, keras_io
+from resumable.keras import compat, keras_io, multihost
 from resumable.keras.callback import CheckpointCallback
+from resumable.manager.job_commit import DEFAULT_BARRIER_TIMEOUT
+from resumable.storage import CheckpointInfo
 from resumable.storage.lease import DEFAULT_TIMEOUT
 from resumable.storage.run_index import INDEX_NAME
 
@@ -60,6 +62,7 @@ class BackupAndRestore(CheckpointCallback):
         takeover: As for `CheckpointCallback`.
         lease_timeout: As for `CheckpointCallback`.
         when_behind: As for `CheckpointCallback`.
+        barrier_timeout: As for `CheckpointCallback`.
     """
 
     def __init__(
@@ -77,6 +80,7 @@ class BackupAndRestore(CheckpointCallback):
         takeover: bool = False,
         lease_timeout: float | datetime.timedelta = DEFAULT_TIMEOUT,
         when_behind: str = "skip",
+        barrier_timeout: float | datetime.timedelta = DEFAULT_BARRIER_TIMEOUT,
     ) -> None:
         if not backup_dir:
             raise ValueError("Empty `backup_dir` argument passed")
@@ -95,7 +99,7 @@ class BackupAndRestore(CheckpointCallback):
             keep_last=2 if self.double_checkpoint else 1, keep_best=0, save_weights_only=True,
             verbose=verbose, staging_dir=staging_dir, storage_options=storage_options,
             async_upload=async_upload, takeover=takeover, lease_timeout=lease_timeout,
-            when_behind=when_behind,
+            when_behind=when_behind, barrier_timeout=barrier_timeout,
         )
 
     def __repr__(self) -> str:
@@ -149,12 +153,9 @@ class BackupAndRestore(CheckpointCallback):
             )
         self.manager.finish(quiet=True)  # an earlier fit an exception ended: its backups land first
         self._forget_run()
-        found = self.manager.fetch_newest(warn=lambda problem: warnings.warn(f"resumable: {problem}",
-                                                                             stacklevel=5),
-                                          check=keras_io.check_checkpoint)  # damaged files: skipped
+        found = self._newest_restored(model)
         if found is not None:
             info, local = found
-            keras_io.load_into(model, local, info.url)
             self.restore(info, keras_io.read_state(local, info.url), keras_io.read_arrays(local),
                          self.manager.damaged)
             self.manager.keep_only_cached(info.name)
@@ -172,6 +173,19 @@ class BackupAndRestore(CheckpointCallback):
             compat.set_fit_initial_epoch(model, None)
         super().on_train_begin(logs)
         self._last = True  # back up at this callback's place in the list, as Keras does
+
+    def _newest_restored(self, model: Any) -> tuple[CheckpointInfo, Path] | None:
+        """The newest backup that loads, loaded into ``model``, and its folder; None if none."""
+        def warn(problem: str) -> None:
+            warnings.warn(f"resumable: {problem}", stacklevel=6)
+
+        if multihost.split_across_processes(model):  # #36: every process its part, of the same backup
+            job = multihost.JobResume(self.manager, timeout=self.barrier_timeout)
+            return job.restore_into(model, warn=warn)
+        found = self.manager.fetch_newest(warn=warn, check=keras_io.check_checkpoint)  # damaged: skipped
+        if found is not None:
+            keras_io.load_into(model, found[1], found[0].url)
+        return found
 
     def _forget_run(self) -> None:
         """Before a fit: nothing restored yet (a callback object may serve several fits)."""

@@ -23,8 +23,9 @@ from resumable.core.errors import NoSpaceError, ResumableError
 from resumable.core.manifest import FileEntry, Manifest
 from resumable.core.naming import DEFAULT_TEMPLATE
 from resumable.core.policy import Retention, is_better, resolve_mode
-from resumable.keras import compat, keras_io, notebook, trainable, user_state
+from resumable.keras import compat, keras_io, multihost, notebook, trainable, user_state
 from resumable.keras.inputs import Feed, describe, plain_fit_problem
+from resumable.manager.job_commit import DEFAULT_BARRIER_TIMEOUT
 from resumable.manager.run_manager import RunManager
 from resumable.manager.uploader import check_when_behind
 from resumable.storage import CheckpointInfo, RunStorage
@@ -136,6 +137,10 @@ class CheckpointCallback(keras.callbacks.Callback):
             if no longer renewed (renewal runs every ``min(60, lease_timeout / 4)`` seconds
             from a background thread), counts as stale and is taken over: what a writer that
             died on another machine costs the next session. Defaults to 40.
+        barrier_timeout: Seconds (or a ``datetime.timedelta``) one process of a multi-host job
+            whose model is split across processes (``ModelParallel`` over several hosts) waits
+            for the others at a save or a resume before giving up with `BarrierTimeoutError`,
+            which names the processes it waited for. Unused otherwise. Defaults to 600.
     """
 
     def __init__(
@@ -161,6 +166,7 @@ class CheckpointCallback(keras.callbacks.Callback):
         lease_timeout: float | datetime.timedelta = DEFAULT_TIMEOUT,
         max_shard_size: float | None = DEFAULT_SHARD_GIB,
         when_behind: str = "skip",
+        barrier_timeout: float | datetime.timedelta = DEFAULT_BARRIER_TIMEOUT,
     ) -> None:
         super().__init__()
         _check_filepath(filepath)
@@ -201,6 +207,8 @@ class CheckpointCallback(keras.callbacks.Callback):
         self.save_trainable_only = save_trainable_only
         self.max_shard_size = _check_max_shard_size(max_shard_size)
         lease_seconds = check_timeout(lease_timeout)
+        self.barrier_timeout = check_timeout(barrier_timeout, "barrier_timeout", "how long a process of a "
+                                             "multi-host job waits for the others at a save")
         self.monitor = monitor
         self.mode = resolve_mode(monitor, mode)
         self.save_best_only = bool(save_best_only)
@@ -373,13 +381,13 @@ class CheckpointCallback(keras.callbacks.Callback):
         self._defer_lines = True
         if self.callbacks is None and self._restored is not None and (self.epochs_done or self.resume_batch):
             self._say_if_plain_fit_cannot_replay()
+        self._every_process_writes()  # #36: decided by every process before any save
+        if self.manager.job is not None:  # #36: every process learns whether process 0 could take the folder
+            self.epochs_done = int(self.manager.job.start(self._take_run_folder).get("epochs_done",
+                                                                                      self.epochs_done))
+        elif self._chief():
+            self._take_run_folder()
         if self._chief():
-            self.manager.acquire()
-            try:
-                self._check_run_folder()
-            except BaseException:
-                self.release_lease()
-                raise
             self._fit_in_main_thread = threading.current_thread() is threading.main_thread()
             if not self._cell_watched:
                 self._cell_watched = notebook.after_this_cell(self._after_the_cell)
@@ -438,6 +446,8 @@ class CheckpointCallback(keras.callbacks.Callback):
         self._freq_step = step
         if self.save_interval is not None and time.monotonic() - self._last_save_time >= self.save_interval:
             due = True
+        if self.save_interval is not None and self.manager.job is not None:
+            due = multihost.chief_decides(due)  # #36: every process saves at the same step
         if due:
             self._save(self.epochs_done, self._batch_in_epoch, keras_io.logs_to_floats(logs))
 
@@ -519,6 +529,9 @@ class CheckpointCallback(keras.callbacks.Callback):
         before this one is placed right. Nothing is saved when that step is already saved.
         Returns why nothing was saved, or None.
         """
+        if self.manager.job is not None:  # #36
+            return ("a model split across processes is saved where every process saves (save_freq, "
+                    "epoch ends), never after an interrupt of one process: not saved")
         if self._pending_save is not None:
             self._save_pending()
             return None
@@ -546,7 +559,7 @@ class CheckpointCallback(keras.callbacks.Callback):
         """An exception from another callback ended fit in a hook this one had not reached yet:
         save what this callback would have saved there (as Keras' ModelCheckpoint before it would)."""
         seen, self._witnessed = self._witnessed, None
-        if seen is None or self.model is None:
+        if seen is None or self.model is None or self.manager.job is not None:  # #36: as save_interrupted
             return
         kind, index, logs = seen
         if kind == "epoch":
@@ -640,7 +653,7 @@ class CheckpointCallback(keras.callbacks.Callback):
         if improved:
             self.best = current
         self._last_save_time = time.monotonic()
-        if not self._chief():
+        if not self._chief() and self.manager.job is None:  # #36: in a split job every process saves
             return
         started = time.monotonic()
         name = self.storage.template.format(epoch, step, logs, mid_epoch=batch > 0, batch=batch)
@@ -658,15 +671,18 @@ class CheckpointCallback(keras.callbacks.Callback):
         # with the upload, in the background (keras_io.snapshot). Without Keras' internals for
         # that, the model is serialized here as before; so is a trainable-only checkpoint, whose
         # megabytes take less time to write than to hold.
-        taken = None
-        if not self.save_trainable_only:
+        taken: keras_io.ModelSnapshot | multihost.PartSnapshot | None = None
+        if self.manager.job is not None:  # #36: this process's part of a model split across processes
+            with self.manager.serializing():
+                taken = multihost.snapshot(self.model, state=state, arrays=arrays)
+        elif not self.save_trainable_only:
             with self.manager.serializing():
                 taken = keras_io.snapshot(self.model, weights_only=self.save_weights_only, state=state,
                                           arrays=arrays, max_shard_size=self.max_shard_size)
         write = functools.partial(self._write_staged, taken, name) if taken is not None else None
         # said now, as a synchronous save would
         if taken is not None and not taken.fits_in(self._write_folder(staging)):
-            self._no_room(name, None if self.storage.is_local else self.staging_dir)
+            self._no_room(name, None if self.manager.writes_in_place else self.staging_dir)
             return
         payload = taken.payload if taken is not None else self._serialize(staging, name, state, arrays)
         if payload is None:
@@ -710,10 +726,11 @@ class CheckpointCallback(keras.callbacks.Callback):
 
     def _write_folder(self, staging: Path) -> Path:
         """Where a snapshot's files are written: a local run's own folder (straight into the
-        checkpoint's folder: `RunManager.submit`), else ``staging``, uploaded from there."""
-        return Path(self.storage.root) if self.storage.is_local else staging
+        checkpoint's folder: `RunManager.submit`), else ``staging``, uploaded from there. A split
+        job's part (#36) is always staged: every process uploads its own, process 0 commits."""
+        return Path(self.storage.root) if self.manager.writes_in_place else staging
 
-    def _write_staged(self, taken: keras_io.ModelSnapshot, name: str, folder: Path,
+    def _write_staged(self, taken: keras_io.ModelSnapshot | multihost.PartSnapshot, name: str, folder: Path,
                       root: str | None) -> dict[str, FileEntry]:
         """Write a snapshot's files into ``folder`` (below the run folder ``root``, or a staging
         folder); each one's size and CRC32C as written (the uploader's thread, in the background)."""
@@ -797,8 +814,8 @@ class CheckpointCallback(keras.callbacks.Callback):
             "best": self.best,
             "stopped_early": self.stopped_early,
             "epochs_planned": (self.params or {}).get("epochs"),
-            "format": "trainable" if self.save_trainable_only else "weights" if self.save_weights_only
-            else "keras",
+            "format": "split" if self.manager.job is not None else "trainable" if self.save_trainable_only
+            else "weights" if self.save_weights_only else "keras",
             "backend": keras.backend.backend(),
             "optimizer": keras_io.optimizer_summary(self.model),
             # your own callbacks' get_state() may be large: state.json holds it, the manifest does not
@@ -812,6 +829,29 @@ class CheckpointCallback(keras.callbacks.Callback):
 
     def _chief(self) -> bool:
         return keras_io.is_chief(self.model, self.strategy)
+
+    def _every_process_writes(self) -> None:
+        """#36: a model split across the processes of a multi-host job: every process saves its part
+        (`multihost.py`) and process 0 commits. Decided once, by every process, at the fit's start."""
+        if self.manager.job is not None or not multihost.split_across_processes(self.model):
+            return
+        if self.save_trainable_only:
+            raise ValueError(
+                "Invalid value for argument `save_trainable_only`. Received: save_trainable_only=True for a "
+                "model split across processes. Expected False: each process saves the parts it holds.")
+        multihost.check_installed()
+        self.manager.every_process_writes(multihost.channel(self.manager.url), self.barrier_timeout)
+
+    def _take_run_folder(self) -> dict[str, Any]:
+        """The writer's start: the lease, then the run folder checked (given back if that fails);
+        the epochs done, which the other processes of a split job take from process 0."""
+        self.manager.acquire()
+        try:
+            self._check_run_folder()
+        except BaseException:
+            self.release_lease()
+            raise
+        return {"epochs_done": self.epochs_done}
 
     def _check_run_folder(self) -> None:
         """Refuse to mix a new training run into a folder that already holds one."""

@@ -161,6 +161,16 @@ def snapshot(model: keras.Model, *, weights_only: bool, state: dict[str, Any],
                              arrays=arrays, max_shard_size=max_shard_size)
 
 
+def checkpoint_state(model: keras.Model, state: dict[str, Any]) -> dict[str, Any]:
+    """#36: ``state.json``'s content (for `multihost.py`, which writes it for a split model)."""
+    return _checkpoint_state(model, state)
+
+
+def seed_generator_arrays(model: keras.Model) -> dict[str, np.ndarray]:
+    """#36: the layers' seed generator states, as ``arrays.npz`` holds them (for `multihost.py`)."""
+    return _seed_generator_arrays(model)
+
+
 def _checkpoint_state(model: keras.Model, state: dict[str, Any]) -> dict[str, Any]:
     """``state.json``'s content: the caller's state, its version and the model's weight layout."""
     result: dict[str, Any] = _jsonable({**state, "version": STATE_VERSION, "model": model_summary(model)})
@@ -394,7 +404,8 @@ def check_checkpoint(folder: Path, where: str) -> dict[str, Any]:
 
 
 def load_model(folder: Path, build_model: Callable[[], keras.Model] | None, *, strategy: Any = None,
-               distribution: Any = None, where: str, landed: Landed | None = None) -> keras.Model:
+               distribution: Any = None, where: str, landed: Landed | None = None,
+               weights: Callable[[keras.Model], None] | None = None) -> keras.Model:
     """Rebuild the model of a fetched checkpoint folder, optimizer state included.
 
     With ``build_model``, its model receives the checkpoint's weights (the user's code keeps
@@ -403,13 +414,19 @@ def load_model(folder: Path, build_model: Callable[[], keras.Model] | None, *, s
     are created with its layout and receive the saved whole arrays, so a checkpoint restores
     on any number of devices. ``where`` names the checkpoint in errors. ``landed(name)``
     returns once file ``name`` is in ``folder`` (`Arrival.wait_for`): shards are read as
-    they come; None: every file is there.
+    they come; None: every file is there. ``weights(model)``: loads the weights and optimizer
+    state instead of Keras' files (#36: a model split across processes, `multihost.py`).
     """
     landed = _checking_shards(landed or _here, folder, where)
     state = read_state(folder, where)
     layout = state.get("trainable")
-    weights_file = _weights_file(folder, layout, where)
+    weights_file = _weights_file(folder, layout, where) if weights is None else folder
     with scope(strategy, distribution), _no_tensorflow_import():
+        if build_model is None and weights is not None:
+            raise CheckpointNotFoundError(
+                f"{where} holds a model split across processes; pass build_model=<a function returning the "
+                "compiled model> to resumable.resume()"
+            )
         if build_model is None:
             if layout is not None:
                 raise CheckpointNotFoundError(
@@ -430,7 +447,10 @@ def load_model(folder: Path, build_model: Callable[[], keras.Model] | None, *, s
             _ensure_built(model, state.get("model", {}), where)
             _check_layout(model, state.get("model", {}).get("weights"), where)
             _check_optimizer_class(model, state.get("optimizer"), where)
-            _load_weights(model, weights_file, layout, where, "the model from build_model()", landed)
+            if weights is not None:
+                weights(model)
+            else:
+                _load_weights(model, weights_file, layout, where, "the model from build_model()", landed)
     _check_optimizer(model, state.get("optimizer"), where)
     landed(ARRAYS_FILE)
     with scope(strategy, distribution):
@@ -1060,18 +1080,23 @@ def save_file(model: keras.Model, path: Path, *, weights_only: bool = False, **k
         model.save(str(path), overwrite=True, **kwargs)
 
 
-def load_into(model: keras.Model, folder: Path, where: str) -> None:
+def load_into(model: keras.Model, folder: Path, where: str,
+              weights: Callable[[keras.Model], None] | None = None) -> None:
     """Load a fetched checkpoint folder's weights and optimizer state into ``model``, in place.
 
     For callbacks that restore the model ``fit`` was called on (resumable.BackupAndRestore, a
-    Run rolled back after an exception). The layout and optimizer are checked as in `load_model`.
+    Run rolled back after an exception). The layout and optimizer are checked as in `load_model`;
+    ``weights(model)`` loads them instead of Keras' files, as there.
     """
     state = read_state(folder, where)
     layout = state.get("trainable")
-    weights_file = _weights_file(folder, layout, where)
+    weights_file = _weights_file(folder, layout, where) if weights is None else folder
     _check_layout(model, state.get("model", {}).get("weights"), where)
     _check_optimizer_class(model, state.get("optimizer"), where)
-    _load_weights(model, weights_file, layout, where, "the model")
+    if weights is not None:
+        weights(model)
+    else:
+        _load_weights(model, weights_file, layout, where, "the model")
     _check_optimizer(model, state.get("optimizer"), where)
     arrays = read_arrays(folder, where)
     lora.restore(model, arrays, where)

@@ -18,7 +18,7 @@ from resumable.core.errors import (
     LeaseLostError,
     ResumableError,
 )
-from resumable.keras import compat, keras_io, torch_backend
+from resumable.keras import compat, keras_io, multihost, torch_backend
 from resumable.keras.callback import CheckpointCallback, Witness
 from resumable.keras.continuity import csv_logs_continued, final_weights
 from resumable.keras.inputs import Feed
@@ -266,7 +266,10 @@ class Run:
         latest = self.callback.last_checkpoint
         if latest is not None:
             local = self.callback.manager.fetch(latest)
-            keras_io.load_into(self.model, local, latest.url)
+            if multihost.holds(latest):  # #36: a model split across processes
+                multihost.load_into(self.model, local, latest.url)
+            else:
+                keras_io.load_into(self.model, local, latest.url)
             self.callback.restore(latest, keras_io.read_state(local), keras_io.read_arrays(local),
                                   self.callback.manager.damaged)
             self.checkpoint = latest
@@ -364,7 +367,7 @@ def resume(
     callback.strategy = strategy
     manager = callback.manager
     callback.warn_if_leased()  # before a download that fit would waste
-    loaded = _load_newest(manager, build_model, strategy, distribution)
+    loaded = _load_newest(manager, build_model, strategy, distribution, callback.barrier_timeout)
     if loaded is not None:
         info, local, model = loaded
         callback.restore(info, keras_io.read_state(local, info.url), keras_io.read_arrays(local),
@@ -406,7 +409,8 @@ def _say_if_other_backend(info: CheckpointInfo) -> None:
 
 
 def _load_newest(manager: RunManager, build_model: Callable[[], keras.Model] | None, strategy: Any,
-                 distribution: Any) -> tuple[CheckpointInfo, Path, keras.Model] | None:
+                 distribution: Any, barrier_timeout: float
+                 ) -> tuple[CheckpointInfo, Path, keras.Model] | None:
     """The model of the newest checkpoint that loads, with its info and folder; None if none.
 
     From a bucket, the weights' shards are loaded as they come down (`RunManager.arriving_newest`):
@@ -416,6 +420,9 @@ def _load_newest(manager: RunManager, build_model: Callable[[], keras.Model] | N
         warnings.warn(f"resumable: {problem}", stacklevel=5)
 
     if keras_io.process_count() > 1:  # every process must resume from the one process 0 chose
+        job = multihost.JobResume(manager, timeout=barrier_timeout)  # #36: a model split across processes
+        if job.newest_is_split():
+            return job.load_newest(build_model, distribution=distribution, warn=warn)
         found = _follow_chief(manager, manager.fetch_newest(warn=warn, check=keras_io.check_checkpoint))
         if found is None:
             return None
@@ -427,9 +434,9 @@ def _load_newest(manager: RunManager, build_model: Callable[[], keras.Model] | N
         info, arrival = arriving  # a bad state.json was skipped as damaged
         with arrival:
             try:
-                model = keras_io.load_model(arrival.folder, build_model, strategy=strategy,
-                                            distribution=distribution, where=info.url,
-                                            landed=arrival.wait_for)
+                load = multihost.load_model if multihost.holds(info) else keras_io.load_model  # #36
+                model = load(arrival.folder, build_model, strategy=strategy, distribution=distribution,
+                             where=info.url, landed=arrival.wait_for)
                 return info, arrival.result(), model
             except CorruptCheckpointError as e:
                 warn(printable(str(e)))

@@ -41,6 +41,7 @@ from resumable.core.manifest import FileEntry, Manifest
 from resumable.core.naming import DEFAULT_TEMPLATE, check_name
 from resumable.core.policy import Decision, Retention, plan
 from resumable.manager.arrival import Arrival
+from resumable.manager.job_commit import DEFAULT_BARRIER_TIMEOUT, JobChannel, JobCommit
 from resumable.manager.uploader import Uploader
 from resumable.storage import CheckpointInfo, RunStorage
 from resumable.storage.lease import DEFAULT_TIMEOUT, LEASE_NAME, Lease, LeaseInfo, read_lease
@@ -133,6 +134,7 @@ class RunManager:
         self._refused_by: dict[str, Callable[[Path, str], object]] = {}
         self.on_commit: Callable[[CheckpointInfo], None] | None = None  # after each commit (callback)
         self.on_skipped: Callable[[str], None] | None = None  # the line saying a checkpoint was skipped
+        self.job: JobCommit | None = None  # #36: set when every process of a multi-host job writes its part
 
     def __repr__(self) -> str:
         return f"RunManager({self.storage.url!r}, lease held={self.lease.held})"
@@ -193,6 +195,18 @@ class RunManager:
 
     # ------------------------------------------------------------------ saving
 
+    def every_process_writes(self, channel: JobChannel, timeout: float = DEFAULT_BARRIER_TIMEOUT) -> None:
+        """#36: a multi-host job whose variables no one process holds whole: from now on every
+        process uploads its own files of each checkpoint and process 0 commits them
+        (`job_commit.JobCommit`). The processes must agree on which checkpoints they commit: none
+        is skipped (when_behind='wait'), and one that failed is dropped on every process, never
+        tried again."""
+        if self.job is None:
+            self.job = JobCommit(self.storage, channel, timeout=timeout, prepare=self._prepare_job_commit,
+                                 token=lambda: self.lease.info.token if self.lease.info is not None else None)
+            self.uploader.when_behind = "wait"
+            self.uploader.retry_failed = False
+
     def check_continues(self, restored: str | None, step: int) -> int | None:
         """Refuse to mix a new training run into a folder that already holds one.
 
@@ -251,15 +265,24 @@ class RunManager:
         background (a checkpoint held in memory: training does not wait for its files), and
         returns each one's size and CRC32C as written. In a local run (Drive's mount included)
         it writes them straight into the checkpoint's folder in the run (``root``), and the
-        commit only syncs them and writes the manifest; elsewhere into ``folder``, uploaded next.
+        commit only syncs them and writes the manifest (`writes_in_place`); elsewhere, and for
+        a process's part of a multi-host job's checkpoint, into ``folder``, uploaded next.
         """
         in_place = None
-        if write is not None and self.storage.is_local:
+        if self.job is not None:  # #36: a failed write is said in the job's round, never skipped alone
+            write = self.job.writer(folder, write)
+        elif write is not None and self.writes_in_place:
             in_place = functools.partial(self._commit_in_place, name, manifest, write)
         if self.async_upload:
             self.uploader.submit(folder, name, manifest, write=write, in_place=in_place)
         else:
             self.uploader.commit_now(folder, name, manifest, write=write, in_place=in_place)
+
+    @property
+    def writes_in_place(self) -> bool:
+        """Whether `submit`'s ``write`` writes the files where they stay: in a local run, unless every
+        process of a multi-host job uploads its part (#36), which each stages."""
+        return self.storage.is_local and self.job is None
 
     @property
     def pending(self) -> list[str]:
@@ -301,6 +324,9 @@ class RunManager:
 
     def _commit(self, staging: Path, name: str, manifest: Manifest) -> CheckpointInfo:
         self._renew_before_commit(name)
+        if self.job is not None:  # #36: every process uploads its part, process 0 commits
+            return self.job.commit(staging, name, manifest, progress=self.verbose,
+                                   between_chunks=self._between_chunks)
         return self._replacing_damaged(name, lambda: self._commit_files(staging, name, manifest))
 
     def _commit_in_place(self, name: str, manifest: Manifest,
@@ -325,6 +351,10 @@ class RunManager:
             except ResumableError as e:  # the storage failed: the commit will say how, if it fails too
                 logger.warning("resumable: could not renew the writer lease before committing %s: %s",
                                name, e)
+
+    def _prepare_job_commit(self, name: str) -> None:
+        """#36: process 0's first step of a job's commit: the folder cleared, or a damaged one replaced."""
+        self._replacing_damaged(name, lambda: self.storage.prepare_commit(name))
 
     def _replacing_damaged(self, name: str, begin: Callable[[], T]) -> T:
         """``begin()`` (the commit, or its first step); a checkpoint of that name resume() found
@@ -373,6 +403,8 @@ class RunManager:
         """After each commit, in the uploader's thread when uploading in the background."""
         self.last_checkpoint = info
         logger.info("resumable: saved %s", info.url)
+        if self.job is not None and not self.job.chief:
+            return  # #36: process 0 alone applies retention and reports commits
         self.apply_retention()
         if self.on_commit is not None:
             self.on_commit(info)

@@ -124,6 +124,10 @@ class Uploader:
         self._failed: UploadJob | None = None  # kept on disk; retried by the next submit or wait
         self._error: BaseException | None = None  # why _failed failed
         self._lost: LeaseLostError | None = None  # a job dropped: the lease was lost; wait() raises it once
+        # #36: False for the processes of a multi-host job, which must all commit the same
+        # checkpoints in the same order: a failed job is dropped on each, never tried again.
+        self.retry_failed = True
+        self._given_up: BaseException | None = None  # such a dropped job's error: wait() raises it once
         self._retry = False  # the worker is to try _failed again
         self._thread: threading.Thread | None = None
         self._closed = False
@@ -276,6 +280,8 @@ class Uploader:
             error = self._error if self._failed is not None else None
             if error is None and self._lost is not None:
                 error, self._lost = self._lost, None
+            if error is None and self._given_up is not None:
+                error, self._given_up = self._given_up, None
         if names:
             logger.info("resumable: waited %.1f s for uploads to %s", time.monotonic() - started,
                         self.storage.url)
@@ -355,6 +361,7 @@ class Uploader:
     def _committed_job(self, job: UploadJob) -> None:
         with self._cond:
             self.committed.append(job.name)
+            self._given_up = None  # a newer checkpoint is committed: the one dropped is not the newest
             older = self._failed
             if older is not None and _key(older) <= _key(job):  # superseded by a newer commit
                 self._failed, self._error = None, None
@@ -371,8 +378,15 @@ class Uploader:
             with self._cond:
                 self._lost = error
             return
-        kept = f"the local copy {job.staged}" if job.write is None else "the checkpoint, in memory,"
         what = "upload" if job.write is None else "save"
+        if not self.retry_failed:
+            warnings.warn(f"resumable: {what} of {job.name} failed: {error}; it is not tried again, the next "
+                          "save commits a newer checkpoint", stacklevel=1)
+            self._drop(job)
+            with self._cond:
+                self._given_up = error
+            return
+        kept = f"the local copy {job.staged}" if job.write is None else "the checkpoint, in memory,"
         warnings.warn(f"resumable: {what} of {job.name} failed: {error}; {kept} is kept and the next save "
                       "tries again", stacklevel=1)
         with self._cond:

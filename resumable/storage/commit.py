@@ -33,6 +33,11 @@ Commit, in order:
 4. Update the run index (`index_upkeep`). The checkpoint is committed already: a failure
    here only warns.
 
+A checkpoint written by the processes of a multi-host job takes these steps apart
+(`prepare`, `upload`, `finish`): process 0 clears the folder (1), every process uploads its
+own files (2), and once all have reported their sizes and CRC32Cs, process 0 writes the one
+manifest listing them all (3, 4); see `resumable.manager.job_commit`.
+
 Delete, in order, after the same `fence` check: the index first (a failure stops the delete:
 the index never outlives a manifest), then the manifest (a half-done delete reads as
 partial), then the other files. Pruning many (`delete_listed`): the index loses them all in
@@ -113,6 +118,59 @@ class Committer:
     def commit(self, local_dir: str | Path, name: str, manifest: Manifest, *, progress: bool,
                between_chunks: Callable[[], None] | None) -> CheckpointInfo:
         """Copy the files under ``local_dir`` into folder ``name``, then write the manifest."""
+        files = self._files_of(local_dir, name)
+        self.prepare(name)
+        with self._no_space_said(name, files):
+            entries = self._transfers.upload_all(files, name, progress=progress,
+                                                 between_chunks=between_chunks or _go_on)
+            return self.finish(name, replace(manifest, files=entries))
+
+    # A checkpoint written by several processes (manager/job_commit.py) takes the three steps
+    # of `commit` apart: process 0 prepares the folder, every process uploads its own files,
+    # then process 0 writes the one manifest listing all of them.
+
+    def prepare(self, name: str) -> None:
+        """Step 1: clear an interrupted or corrupt commit of ``name``; CheckpointExistsError if committed."""
+        check_name(name)
+        self._clear_leftovers(name)
+
+    def upload(self, local_dir: str | Path, name: str, *, progress: bool,
+               between_chunks: Callable[[], None] | None) -> dict[str, FileEntry]:
+        """Step 2: the files under ``local_dir`` into folder ``name``; each one's size and CRC32C.
+
+        ``local_dir`` may hold no file: a process of a multi-host job may hold no part to write.
+        """
+        files = self._files_of(local_dir, name, empty=True)
+        with self._no_space_said(name, files):
+            return self._transfers.upload_all(files, name, progress=progress,
+                                              between_chunks=between_chunks or _go_on)
+
+    def finish(self, name: str, manifest: Manifest) -> CheckpointInfo:
+        """Step 3: after the fence, the manifest (listing the files uploaded) written last; the index."""
+        check_name(name)
+        manifest = replace(manifest, created=now_iso())
+        self._check_fence()
+        self._write_manifest(name, manifest.to_json())
+        self._index.update(add={name: manifest})
+        return committed_info(name, self._folder.url_of(name), manifest)
+
+    @contextlib.contextmanager
+    def _no_space_said(self, name: str, files: dict[str, Path]) -> Iterator[None]:
+        """A full run folder said in one line: how much the checkpoint needs, what to do."""
+        try:
+            yield
+        except NoSpaceError as e:
+            folder = self._folder
+            needed = human_size(sum(path.stat().st_size for path in files.values()))
+            raise NoSpaceError(
+                f"{folder.url_of(name)}: no space left to commit this checkpoint ({needed} needed"
+                f"{free_space(folder.root) if folder.is_local else ''}); older checkpoints are kept: "
+                "free space (empty Drive's trash), lower keep_last, or choose another folder"
+            ) from e
+
+    def _files_of(self, local_dir: str | Path, name: str, *, empty: bool = False) -> dict[str, Path]:
+        """The files under ``local_dir`` by path relative to it (never a manifest); ResumableError if
+        there are none, unless ``empty``."""
         folder = self._folder
         check_name(name)
         source = Path(local_dir)
@@ -123,25 +181,9 @@ class Committer:
             for p in sorted(source.rglob("*"))
             if p.is_file() and p.name != MANIFEST_NAME
         }
-        if not files:
+        if not files and not empty:
             raise ResumableError(f"{source}: no files to commit as {folder.url_of(name)}")
-        self._clear_leftovers(name)
-        entries = {}
-        try:
-            entries = self._transfers.upload_all(files, name, progress=progress,
-                                                 between_chunks=between_chunks or _go_on)
-            manifest = replace(manifest, files=entries, created=now_iso())
-            self._check_fence()
-            self._write_manifest(name, manifest.to_json())
-        except NoSpaceError as e:
-            needed = human_size(sum(path.stat().st_size for path in files.values()))
-            raise NoSpaceError(
-                f"{folder.url_of(name)}: no space left to commit this checkpoint ({needed} needed"
-                f"{free_space(folder.root) if folder.is_local else ''}); older checkpoints are kept: "
-                "free space (empty Drive's trash), lower keep_last, or choose another folder"
-            ) from e
-        self._index.update(add={name: manifest})
-        return committed_info(name, folder.url_of(name), manifest)
+        return files
 
     def begin_in_place(self, name: str) -> str:
         """Step 1 of a commit whose files are written where they stay (a local run): leftovers
@@ -150,7 +192,7 @@ class Committer:
         check_name(name)
         if not folder.is_local:
             raise ValueError(f"{folder.url_of(name)}: files are written in place only in a local run folder")
-        self._clear_leftovers(name)
+        self.prepare(name)
         path = folder.path(name)
         with folder.errors(folder.url_of(name)):
             folder.call(functools.partial(make_parents_inside, folder.root, folder.path(name, MANIFEST_NAME)),
@@ -179,11 +221,7 @@ class Committer:
 
         with folder.errors(folder.url_of(name)):
             folder.call(durable, f"sync {name}")
-        manifest = replace(manifest, files=dict(written), created=now_iso())
-        self._check_fence()
-        self._write_manifest(name, manifest.to_json())
-        self._index.update(add={name: manifest})
-        return committed_info(name, folder.url_of(name), manifest)
+        return self.finish(name, replace(manifest, files=dict(written)))
 
     def delete(self, name: str) -> None:
         """Delete a checkpoint folder: the index entry, the manifest, then the other files."""

@@ -213,6 +213,16 @@ def read_lease(storage: RunStorage) -> LeaseInfo | None:
     return LeaseInfo.from_json(found[0]) if found else None
 
 
+def check_holder(storage: RunStorage, token: str) -> None:
+    """The fence of a process writing for the holder of lease ``token`` (another process of the
+    same multi-host job): LeaseLostError unless ``lease.json`` still names that holder."""
+    holder = read_lease(storage)
+    if holder is None or holder.token != token:
+        who = f"now held by {holder.describe()}" if holder else "it was removed"
+        raise LeaseLostError(f"{storage.url}: the writer lease of this job's process 0 was taken over "
+                             f"({who}); this process stops writing to this run folder")
+
+
 class Lease:
     """The writer lease of one run folder, for one writer.
 
@@ -543,16 +553,18 @@ class Lease:
                                self.storage.url, pause, e)
 
 
-def check_timeout(timeout: Any, argument: str = "lease_timeout") -> float:
-    """Seconds (a number or a ``datetime.timedelta``), positive and finite; ValueError otherwise."""
+def check_timeout(timeout: Any, argument: str = "lease_timeout",
+                  why: str = "another process may take the run over once the lease has not been renewed "
+                  "for that long") -> float:
+    """Seconds (a number or a ``datetime.timedelta``), positive and finite; ValueError otherwise
+    (``why`` says what the number is for)."""
     seconds = timeout.total_seconds() if isinstance(timeout, dt.timedelta) else timeout
     if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and math.isfinite(seconds) \
             and seconds > 0:
         return float(seconds)
     raise ValueError(
         f"Invalid value for argument `{argument}`. Received: {argument}={timeout!r}. Expected a positive "
-        "number of seconds or a datetime.timedelta, e.g. 600: another process may take the run over "
-        "once the lease has not been renewed for that long."
+        f"number of seconds or a datetime.timedelta, e.g. 600: {why}."
     )
 
 
@@ -694,4 +706,5 @@ def _release_at_exit() -> None:
                   file=sys.stderr)
 
 
-__all__ = ["DEFAULT_TIMEOUT", "LEASE_NAME", "Lease", "LeaseInfo", "check_timeout", "read_lease"]
+__all__ = ["DEFAULT_TIMEOUT", "LEASE_NAME", "Lease", "LeaseInfo", "check_holder", "check_timeout",
+           "read_lease"]

@@ -237,6 +237,23 @@ class RunStorage:
         checked, then the manifest (each file's size and CRC32C as ``written``) written last."""
         return self._committer.commit_in_place(name, manifest, written)
 
+    # A checkpoint written by several processes: `commit` in three steps (see storage/commit.py).
+
+    def prepare_commit(self, name: str) -> None:
+        """Clear an interrupted or corrupt commit of ``name`` before any process uploads into it;
+        CheckpointExistsError if ``name`` is committed."""
+        self._committer.prepare(name)
+
+    def upload_part(self, local_dir: str | Path, name: str, *, progress: bool = False,
+                    between_chunks: Callable[[], None] | None = None) -> dict[str, FileEntry]:
+        """Upload this process's files of checkpoint ``name`` (no manifest); each one's size and CRC32C."""
+        return self._committer.upload(local_dir, name, progress=progress, between_chunks=between_chunks)
+
+    def commit_manifest(self, name: str, manifest: Manifest) -> CheckpointInfo:
+        """Commit ``name`` once every process uploaded its part: ``manifest`` lists all their files;
+        written last, create-only, after the fence."""
+        return self._committer.finish(name, manifest)
+
     def delete(self, checkpoint: CheckpointInfo | str) -> None:
         """Delete a checkpoint folder: the manifest first, so a half-done delete reads as partial."""
         self._committer.delete(checkpoint if isinstance(checkpoint, str) else checkpoint.name)
