@@ -204,7 +204,8 @@ def test_a_part_that_could_not_be_written_fails_the_round_and_its_retry(tmp_path
         part(folder, 1, size=10)  # half written, then the disk is full
         raise OSError(28, "No space left on device")
 
-    writers = [committers[0].writer(staged[0], lambda f, root: part(f, 0)), committers[1].writer(staged[1], broken)]
+    writers = [committers[0].writer(staged[0], lambda f, root: part(f, 0)),
+               committers[1].writer(staged[1], broken)]
     for writer, folder in zip(writers, staged, strict=True):
         assert writer is not None
         writer(folder, None)  # as the uploader calls it (a part is staged): never raises
