@@ -159,7 +159,8 @@ def test_a_budget_stops_retrying_before_its_end() -> None:
     started = time.monotonic()
     with pytest.raises(ConnectionError):
         policy.call(failing, "read")
-    assert 0.5 < time.monotonic() - started <= 1.05
+    # a retry past the budget would add 0.2 s at least; the slack is for a busy CI machine's scheduling
+    assert 0.5 < time.monotonic() - started <= 1.15
     assert 3 <= len(calls) < 50
 
 
