@@ -28,7 +28,33 @@ _LOCAL_HEADER = struct.Struct("<4s5H3I2H")  # a zip local file header, 30 bytes
 _LOCAL_SIGNATURE = b"PK\x03\x04"
 
 
-class MemberWindow(io.BytesIO):
+class _Window:
+    """Seek, tell and read over the bytes ``[start, start + size)`` of an open file: what a
+    member read in place and a member written in place share."""
+
+    _file: BinaryIO | ChecksummedFile
+    _start: int
+    _pos: int
+    size: int
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self.size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def readinto(self, buffer: memoryview | bytearray) -> int:
+        view = memoryview(buffer).cast("B")
+        wanted = max(0, min(len(view), self.size - self._pos))
+        self._file.seek(self._start + self._pos)
+        got = cast(io.BufferedIOBase, self._file).readinto(view[:wanted]) or 0
+        self._pos += got
+        return got
+
+
+class MemberWindow(_Window, io.BytesIO):  # type: ignore[misc]  # readinto takes the buffers h5py passes
     """The bytes ``[start, start + size)`` of an open binary file, read-only, as a file object.
 
     A BytesIO only by type: Keras' HDF5 store takes a path or a BytesIO (see
@@ -38,7 +64,7 @@ class MemberWindow(io.BytesIO):
 
     def __init__(self, file: BinaryIO, start: int, size: int) -> None:
         super().__init__()
-        self._file, self._start, self._size, self._pos = file, start, size, 0
+        self._file, self._start, self.size, self._pos = file, start, size, 0
 
     def seekable(self) -> bool:
         return True
@@ -46,24 +72,8 @@ class MemberWindow(io.BytesIO):
     def writable(self) -> bool:
         return False
 
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
-        self._pos = max(0, base + offset)
-        return self._pos
-
-    def tell(self) -> int:
-        return self._pos
-
-    def readinto(self, buffer: memoryview | bytearray) -> int:  # type: ignore[override]
-        view = memoryview(buffer).cast("B")
-        wanted = max(0, min(len(view), self._size - self._pos))
-        self._file.seek(self._start + self._pos)
-        got = cast(io.BufferedIOBase, self._file).readinto(view[:wanted]) or 0
-        self._pos += got
-        return got
-
     def read(self, size: int | None = -1) -> bytes:
-        left = max(0, self._size - self._pos)
+        left = max(0, self.size - self._pos)
         buffer = bytearray(left if size is None or size < 0 else min(size, left))
         return bytes(buffer[: self.readinto(buffer)])
 
@@ -97,7 +107,7 @@ def stored_member(archive: zipfile.ZipFile, file: BinaryIO, name: str) -> Member
     return MemberWindow(file, start, info.file_size)
 
 
-class _Region(io.RawIOBase):
+class _Region(_Window, io.RawIOBase):  # type: ignore[misc]  # as MemberWindow
     """The bytes of ``file`` from ``start`` on, as a file of their own (for h5py to write in)."""
 
     def __init__(self, file: ChecksummedFile, start: int) -> None:
@@ -116,21 +126,6 @@ class _Region(io.RawIOBase):
 
     def seekable(self) -> bool:
         return True
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self.size}[whence]
-        self._pos = max(0, base + offset)
-        return self._pos
-
-    def tell(self) -> int:
-        return self._pos
-
-    def readinto(self, buffer: memoryview | bytearray) -> int:  # type: ignore[override]
-        view = memoryview(buffer).cast("B")
-        self._file.seek(self._start + self._pos)
-        got = self._file.readinto(view[:max(0, min(len(view), self.size - self._pos))])
-        self._pos += got
-        return got
 
     def write(self, data: bytes | bytearray | memoryview) -> int:  # type: ignore[override]
         self._file.seek(self._start + self._pos)
