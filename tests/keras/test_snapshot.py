@@ -14,7 +14,7 @@ from paths import JOBS
 
 import resumable
 from resumable.core.checksum import crc32c_of_file
-from resumable.keras import keras_io, snapshot
+from resumable.keras import compat, keras_io, snapshot
 
 JOB = JOBS / "snapshot_job.py"
 
@@ -117,6 +117,12 @@ def make_big_model() -> keras.Model:
     return model
 
 
+# A Keras whose HDF5 store cannot write into our file object (3.8, 3.9) writes the weights to a
+# temporary file, read back and copied in: twice (docs/runtimes.md). Every newer one: once, never read.
+ONCE = compat._store_into_file() is not None
+WRITES, READS = (1.01, 0.0) if ONCE else (2.02, 1.01)
+
+
 @needs_proc_io
 @pytest.mark.parametrize("kind", ["model", "weights", "shards"])
 def test_each_byte_is_written_once_and_never_read_back(tmp_path: Path, kind: str) -> None:
@@ -136,9 +142,9 @@ def test_each_byte_is_written_once_and_never_read_back(tmp_path: Path, kind: str
     read, written = (after - before for after, before in zip(_io_bytes(), (read, written), strict=True))
     size = sum(entry.size for entry in entries.values())
     assert size > 8 * 2**20
-    assert written <= size * 1.01 + 2**18, (written, size)  # once (HDF5 and the zip rewrite a few headers)
-    assert read <= 2**18, read  # never read back (old: the weights file read into the zip, then for its CRC)
-    if kind == "shards":
+    assert written <= size * WRITES + 2**18, (written, size)  # once (HDF5 and the zip rewrite a few headers)
+    assert read <= size * READS + 2**18, read  # never read back (old: into the zip, then for its CRC)
+    if kind == "shards" and compat.can_shard():  # else one file, said once (docs/runtimes.md)
         assert sum(rel.endswith(".weights.h5") for rel in entries) >= 3
     for rel, entry in entries.items():  # each file's size and CRC32C, as written
         path = tmp_path / "ckpt" / rel
@@ -158,8 +164,8 @@ def test_a_local_run_s_checkpoint_is_written_into_the_run_once_and_never_read_ba
     read, written = (after - before for after, before in zip(_io_bytes(), (read, written), strict=True))
     info = resumable.RunStorage(str(tmp_path / "run")).get("ckpt-000002")
     assert info.ok and info.size > 8 * 2**20
-    assert written <= info.size * 1.01 + 2**20, (written, info.size)  # no staged copy, no second file
-    assert read <= 2**20, read  # the manifest read back, the lease: small files only
+    assert written <= info.size * WRITES + 2**20, (written, info.size)  # no staged copy, no second file
+    assert read <= info.size * READS + 2**20, read  # the manifest read back, the lease: small files only
     staged = tmp_path / "staging" / "staging"
     assert not staged.exists() or not any(staged.iterdir())
     assert resumable.RunStorage(str(tmp_path / "run")).verify("ckpt-000002") == []
