@@ -23,6 +23,10 @@ costs exactness or speed, never a save or a resume. What is reached, by section:
   ``make`` in Keras 3.8 and 3.9), ``ShardedH5IOStore`` (``_get_h5_file``), ``DiskIOStore``,
   ``keras_saveable.KerasSaveable`` (the probes' saveable). Probed by round trips of a tiny
   saveable (`snapshots_work`, `sharding_works`, `_loading_works`), not by names alone.
+- Loading a variable at a time in place (`assigned_in_place`): ``keras.Variable.assign``
+  replaced on the class while a load runs, a variable's ``_value``, ``_dtype``, ``_layout`` and
+  (JAX) ``_direct_assign`` reached through Keras' own assign,
+  ``keras.src.backend.common.stateless_scope.in_stateless_scope``.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import functools
 import inspect
 import io
 import logging
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
@@ -39,6 +44,8 @@ from typing import Any, BinaryIO, NamedTuple
 
 import keras
 import numpy as np
+
+from resumable.storage import heap
 
 logger = logging.getLogger("resumable")
 
@@ -889,12 +896,15 @@ def _waiting_store(landed: Callable[[str], object]) -> type:
 
 
 def _load_into(saving_lib: ModuleType, model: Any, weights_store: Any, assets_store: Any) -> None:
-    """Keras' ``_load_state`` of the stores into ``model`` (closed after), failures raised as Keras does."""
+    """Keras' ``_load_state`` of the stores into ``model`` (closed after), failures raised as Keras
+    does; each variable assigned in place (`assigned_in_place`)."""
     failed: set[int] = set()
     errors: dict[int, Any] = {}
     try:
-        saving_lib._load_state(model, weights_store=weights_store, assets_store=assets_store, inner_path="",
-                               visited_saveables=set(), failed_saveables=failed, error_msgs=errors)
+        with assigned_in_place():
+            saving_lib._load_state(model, weights_store=weights_store, assets_store=assets_store,
+                                   inner_path="", visited_saveables=set(), failed_saveables=failed,
+                                   error_msgs=errors)
     finally:
         weights_store.close()
         if assets_store is not None:
@@ -904,6 +914,111 @@ def _load_into(saving_lib: ModuleType, model: Any, weights_store: Any, assets_st
         raise arrival_error
     if failed:
         saving_lib._raise_loading_failure(errors)
+
+
+# ----------------------------------------------------------------------------- loading, in place
+
+SLICE_BYTES = 16 * 2**20  # the most a TensorFlow variable's slice read from the file holds
+
+
+@contextlib.contextmanager
+def assigned_in_place() -> Iterator[None]:
+    """Around a load of weights: ``keras.Variable.assign`` of a value read from the weights file
+    (a NumPy array; an h5py dataset in Keras 3.8 and 3.9) first gives the heap's freed memory
+    back (`heap.give_back`, each ``SLICE_BYTES`` read: the values before it were dropped). Then
+    a variable costs its value beside the model, not also a second copy: on TensorFlow the
+    value goes into the variable's own buffer in slices of at most ``SLICE_BYTES`` (Keras'
+    assign converts it to a whole tensor first); on JAX, whose arrays cannot be written in
+    place, the variable's old array is let go before Keras' assign makes the new one. Any
+    other value or variable (a distributed one, a dtype or shape that differs, a stateless
+    scope), and the other backends, are assigned by Keras' own ``assign``. An array assigned
+    from another thread meanwhile takes the same way, to the same effect; the class is restored
+    when the last load ends."""
+    if not _stateless_scope_known():
+        yield
+        return
+    with _PATCH_LOCK:
+        if not _PATCHED:
+            _PATCHED.append(keras.Variable.__dict__.get("assign"))
+            keras.Variable.assign = _assign_in_place
+        _PATCHED.append(None)
+    try:
+        yield
+    finally:
+        with _PATCH_LOCK:
+            _PATCHED.pop()
+            if len(_PATCHED) == 1:  # the last load in any thread: Keras' class as it was
+                own = _PATCHED.pop()
+                if own is None:
+                    del keras.Variable.assign
+                else:
+                    keras.Variable.assign = own
+
+
+_PATCH_LOCK = threading.Lock()
+_PATCHED: list[Any] = []  # while loads run: the class' own assign (None: inherited), then one per load
+_read_since_given_back = [0]
+
+
+def _assign_in_place(variable: Any, value: Any) -> Any:
+    if _plain_value(variable, value):
+        _read_since_given_back[0] += value.nbytes
+        if _read_since_given_back[0] >= SLICE_BYTES:
+            _read_since_given_back[0] = 0
+            heap.give_back()
+        backend = keras.backend.backend()
+        if backend == "tensorflow" and _assign_tensorflow(variable, value):
+            return variable.value
+        if backend == "jax" and isinstance(getattr(variable, "_value", None), _jax_array()):
+            # Its array is replaced whole: freed now (unless held elsewhere), before the new one
+            # exists, not after. Meanwhile it reads as not yet initialized, as Keras' own do.
+            variable._value = None
+    own = _PATCHED[0] if _PATCHED else None
+    return own(variable, value) if own is not None else super(keras.Variable, variable).assign(value)
+
+
+@functools.cache
+def _stateless_scope_known() -> bool:
+    try:
+        from keras.src.backend.common.stateless_scope import in_stateless_scope  # noqa: F401
+
+        return True
+    except Exception:  # noqa: BLE001 - moved in this Keras: Keras assigns as before
+        return False
+
+
+def _plain_value(variable: Any, value: Any) -> bool:
+    """Whether ``value`` is an array read from the weights file that ``variable`` takes as it is."""
+    import h5py
+    from keras.src.backend.common.stateless_scope import in_stateless_scope
+
+    if not isinstance(value, np.ndarray | h5py.Dataset) or in_stateless_scope():
+        return False
+    if getattr(variable, "_layout", None) is not None or value.dtype.kind not in "fiub":
+        return False
+    shape = tuple(variable.shape)
+    return tuple(value.shape) == shape and value.dtype == np.dtype(getattr(variable, "_dtype", None) or "V")
+
+
+@functools.cache
+def _jax_array() -> type:
+    import jax
+
+    return jax.Array
+
+
+def _assign_tensorflow(variable: Any, value: Any) -> bool:
+    """``value`` into a TensorFlow variable's buffer, rows of at most ``SLICE_BYTES`` at a time
+    (read from the file as they go when it is a dataset). False for a variable that is not a
+    plain resource variable (a distributed one), or a scalar."""
+    target: Any = getattr(variable, "_value", None)
+    if type(target).__name__ != "ResourceVariable" or not value.shape:
+        return False
+    row = max(1, value.nbytes // max(1, value.shape[0]))
+    rows = max(1, SLICE_BYTES // row)
+    for start in range(0, value.shape[0], rows):
+        target[start:start + rows].assign(np.asarray(value[start:start + rows]))
+    return True
 
 
 def model_json(model: keras.Model) -> tuple[str, str]:
