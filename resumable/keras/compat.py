@@ -973,6 +973,14 @@ def _assign_in_place(variable: Any, value: Any) -> Any:
             # Its array is replaced whole: freed now (unless held elsewhere), before the new one
             # exists, not after. Meanwhile it reads as not yet initialized, as Keras' own do.
             variable._value = None
+            assigned = _keras_assign(variable, value)
+            # The copy runs asynchronously, holding the value read: done before the next read.
+            getattr(variable._value, "block_until_ready", lambda: None)()
+            return assigned
+    return _keras_assign(variable, value)
+
+
+def _keras_assign(variable: Any, value: Any) -> Any:
     own = _PATCHED[0] if _PATCHED else None
     return own(variable, value) if own is not None else super(keras.Variable, variable).assign(value)
 
