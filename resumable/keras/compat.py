@@ -23,10 +23,9 @@ costs exactness or speed, never a save or a resume. What is reached, by section:
   ``make`` in Keras 3.8 and 3.9), ``ShardedH5IOStore`` (``_get_h5_file``), ``DiskIOStore``,
   ``keras_saveable.KerasSaveable`` (the probes' saveable). Probed by round trips of a tiny
   saveable (`snapshots_work`, `sharding_works`, `_loading_works`), not by names alone.
-- Loading a variable at a time in place (`assigned_in_place`): ``keras.Variable.assign``
-  replaced on the class while a load runs, a variable's ``_value``, ``_dtype``, ``_layout`` and
-  (JAX) ``_direct_assign`` reached through Keras' own assign,
-  ``keras.src.backend.common.stateless_scope.in_stateless_scope``.
+- Loading a variable at a time in place (`assigned_in_place`): each of the model's variables'
+  ``assign`` overridden on the variable itself while a load runs, a variable's ``_value``,
+  ``_dtype`` and ``_layout``, ``keras.src.backend.common.stateless_scope.in_stateless_scope``.
 """
 
 from __future__ import annotations
@@ -36,7 +35,6 @@ import functools
 import inspect
 import io
 import logging
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
@@ -901,7 +899,7 @@ def _load_into(saving_lib: ModuleType, model: Any, weights_store: Any, assets_st
     failed: set[int] = set()
     errors: dict[int, Any] = {}
     try:
-        with assigned_in_place():
+        with assigned_in_place(model):
             saving_lib._load_state(model, weights_store=weights_store, assets_store=assets_store,
                                    inner_path="", visited_saveables=set(), failed_saveables=failed,
                                    error_msgs=errors)
@@ -918,46 +916,45 @@ def _load_into(saving_lib: ModuleType, model: Any, weights_store: Any, assets_st
 
 # ----------------------------------------------------------------------------- loading, in place
 
-SLICE_BYTES = 16 * 2**20  # the most a TensorFlow variable's slice read from the file holds
+SLICE_BYTES = 16 * 2**20  # a TensorFlow variable bigger than this is written in slices of it
 
 
 @contextlib.contextmanager
-def assigned_in_place() -> Iterator[None]:
-    """Around a load of weights: ``keras.Variable.assign`` of a value read from the weights file
-    (a NumPy array; an h5py dataset in Keras 3.8 and 3.9) first gives the heap's freed memory
-    back (`heap.give_back`, each ``SLICE_BYTES`` read: the values before it were dropped). Then
-    a variable costs its value beside the model, not also a second copy: on TensorFlow the
-    value goes into the variable's own buffer in slices of at most ``SLICE_BYTES`` (Keras'
-    assign converts it to a whole tensor first); on JAX, whose arrays cannot be written in
-    place, the variable's old array is let go before Keras' assign makes the new one. Any
-    other value or variable (a distributed one, a dtype or shape that differs, a stateless
-    scope), and the other backends, are assigned by Keras' own ``assign``. An array assigned
-    from another thread meanwhile takes the same way, to the same effect; the class is restored
-    when the last load ends."""
-    if not _stateless_scope_known():
+def assigned_in_place(model: Any) -> Iterator[None]:
+    """While a load of weights into ``model`` runs: each of its variables (its optimizer's
+    included) assigned a value read from the weights file (a NumPy array; an h5py dataset in
+    Keras 3.8 and 3.9) costs that value beside the model, not also a second copy. On
+    TensorFlow a value bigger than ``SLICE_BYTES`` goes into the variable's own buffer in
+    slices of that size (Keras' assign converts it to a whole tensor first); on JAX, whose
+    arrays cannot be written in place, the variable's old array is let go before Keras' assign
+    makes the new one. After each ``SLICE_BYTES`` read, the heap's freed memory is given back
+    (`heap.give_back`). Each variable's ``assign`` is overridden on the variable itself, for the
+    load only: other models, other threads' variables and other values (a distributed variable,
+    a dtype or shape that differs, a stateless scope) take Keras' own ``assign``, as do the
+    other backends."""
+    if keras.backend.backend() not in ("tensorflow", "jax") or not _stateless_scope_known():
         yield
         return
-    with _PATCH_LOCK:
-        if not _PATCHED:
-            _PATCHED.append(keras.Variable.__dict__.get("assign"))
-            keras.Variable.assign = _assign_in_place
-        _PATCHED.append(None)
+    overridden = []
+    for variable in _variables_of(model):
+        if "assign" not in vars(variable):  # not already overridden by a load around this one
+            variable.assign = functools.partial(_assign_in_place, variable)
+            overridden.append(variable)
     try:
         yield
     finally:
-        with _PATCH_LOCK:
-            _PATCHED.pop()
-            if len(_PATCHED) == 1:  # the last load in any thread: Keras' class as it was
-                own = _PATCHED.pop()
-                if own is None:
-                    del keras.Variable.assign
-                else:
-                    keras.Variable.assign = own
+        for variable in overridden:
+            vars(variable).pop("assign", None)
 
 
-_PATCH_LOCK = threading.Lock()
-_PATCHED: list[Any] = []  # while loads run: the class' own assign (None: inherited), then one per load
 _read_since_given_back = [0]
+
+
+def _variables_of(model: Any) -> list[Any]:
+    optimizer = getattr(model, "optimizer", None)  # any saveable: the probes load into their own
+    found = list(getattr(model, "variables", None) or []) + list(getattr(optimizer, "variables", None) or [])
+    return [variable for variable in found
+            if isinstance(variable, keras.Variable) and hasattr(variable, "__dict__")]
 
 
 def _assign_in_place(variable: Any, value: Any) -> Any:
@@ -967,22 +964,17 @@ def _assign_in_place(variable: Any, value: Any) -> Any:
             _read_since_given_back[0] = 0
             heap.give_back()
         backend = keras.backend.backend()
-        if backend == "tensorflow" and _assign_tensorflow(variable, value):
+        if backend == "tensorflow" and value.nbytes > SLICE_BYTES and _assign_tensorflow(variable, value):
             return variable.value
         if backend == "jax" and isinstance(getattr(variable, "_value", None), _jax_array()):
             # Its array is replaced whole: freed now (unless held elsewhere), before the new one
             # exists, not after. Meanwhile it reads as not yet initialized, as Keras' own do.
             variable._value = None
-            assigned = _keras_assign(variable, value)
+            assigned = type(variable).assign(variable, value)
             # The copy runs asynchronously, holding the value read: done before the next read.
             getattr(variable._value, "block_until_ready", lambda: None)()
             return assigned
-    return _keras_assign(variable, value)
-
-
-def _keras_assign(variable: Any, value: Any) -> Any:
-    own = _PATCHED[0] if _PATCHED else None
-    return own(variable, value) if own is not None else super(keras.Variable, variable).assign(value)
+    return type(variable).assign(variable, value)
 
 
 @functools.cache

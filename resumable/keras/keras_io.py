@@ -440,8 +440,7 @@ def load_model(folder: Path, build_model: Callable[[], keras.Model] | None, *, s
                     f"{where} holds weights only (save_weights_only=True); pass build_model=<a function "
                     "returning the compiled model> to resumable.resume()"
                 )
-            with checkpoint_reading.refusals(where, f"{weights_file.name} (loaded without build_model)"), \
-                    compat.assigned_in_place():
+            with checkpoint_reading.refusals(where, f"{weights_file.name} (loaded without build_model)"):
                 model = _load_saved_model(folder, weights_file, landed, where)
         else:
             model = build(build_model)
@@ -582,14 +581,14 @@ def _load_weights(model: keras.Model, weights_file: Path, layout: dict[str, Any]
     a variable at a time, each costing no more than its value beside the model
     (`compat.assigned_in_place`)."""
     if layout is not None:
-        with compat.assigned_in_place():
+        with compat.assigned_in_place(model):
             trainable.load(model, weights_file.parent, layout, where)
         return
     optimizer = getattr(model, "optimizer", None)
     if optimizer is not None and not optimizer.built:
         # Keras 3 skips optimizer variables in load_weights unless the optimizer exists.
         optimizer.build(model.trainable_variables)
-    with checkpoint_reading.refusals(where, weights_file.name), compat.assigned_in_place():
+    with checkpoint_reading.refusals(where, weights_file.name), compat.assigned_in_place(model):
         try:
             _load_keras_weights(model, weights_file, landed, where)
         except ValueError as e:  # Keras: the file's variables are not the model's
