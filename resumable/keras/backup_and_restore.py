@@ -20,7 +20,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from resumable.keras import compat, keras_io, multihost
+from resumable.keras import compat, loading, multihost, snapshot, state_file
 from resumable.keras.callback import CheckpointCallback
 from resumable.manager.job_commit import DEFAULT_BARRIER_TIMEOUT
 from resumable.storage import CheckpointInfo
@@ -128,7 +128,7 @@ class BackupAndRestore(CheckpointCallback):
 
     @property
     def _weights_path(self) -> str:
-        return self._backup_file(0, keras_io.WEIGHTS_FILE)
+        return self._backup_file(0, snapshot.WEIGHTS_FILE)
 
     @property
     def _training_metadata_path(self) -> str:
@@ -136,7 +136,7 @@ class BackupAndRestore(CheckpointCallback):
 
     @property
     def _prev_weights_path(self) -> str:
-        return self._backup_file(1, keras_io.WEIGHTS_FILE)
+        return self._backup_file(1, snapshot.WEIGHTS_FILE)
 
     @property
     def _prev_training_metadata_path(self) -> str:
@@ -156,7 +156,7 @@ class BackupAndRestore(CheckpointCallback):
         found = self._newest_restored(model)
         if found is not None:
             info, local = found
-            self.restore(info, keras_io.read_state(local, info.url), keras_io.read_arrays(local),
+            self.restore(info, state_file.read_state(local, info.url), state_file.read_arrays(local),
                          self.manager.damaged)
             self.manager.keep_only_cached(info.name)
             compat.set_fit_initial_epoch(model, info.epoch)
@@ -182,9 +182,9 @@ class BackupAndRestore(CheckpointCallback):
         if multihost.split_across_processes(model):  # #36: every process its part, of the same backup
             job = multihost.JobResume(self.manager, timeout=self.barrier_timeout)
             return job.restore_into(model, warn=warn)
-        found = self.manager.fetch_newest(warn=warn, check=keras_io.check_checkpoint)  # damaged: skipped
+        found = self.manager.fetch_newest(warn=warn, check=loading.check_checkpoint)  # damaged: skipped
         if found is not None:
-            keras_io.load_into(model, found[1], found[0].url)
+            loading.load_into(model, found[1], found[0].url)
         return found
 
     def _forget_run(self) -> None:

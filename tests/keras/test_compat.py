@@ -26,7 +26,7 @@ from keras.src.backend.common import global_state  # noqa: E402
 from keras.src.trainers.data_adapters import array_data_adapter, array_slicing  # noqa: E402
 from keras.src.utils import module_utils  # noqa: E402
 
-from resumable.keras import compat, keras_io, positioning, trainable  # noqa: E402
+from resumable.keras import compat, positioning, trainable, training_state  # noqa: E402
 
 X = np.arange(48, dtype="float32").reshape(12, 4)
 Y = np.arange(12, dtype="float32").reshape(12, 1)
@@ -93,10 +93,10 @@ import keras
 if sys.argv[1] == "gone":  # a Keras without the lazy module resumable probes
     from keras.src.utils import module_utils
     del module_utils.tensorflow
-from resumable.keras import keras_io
+from resumable.keras import saving
 model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
 model.compile(optimizer="adam", loss="mse")
-keras_io.save(model, pathlib.Path(tempfile.mkdtemp()), weights_only=False, state={})
+saving.save(model, pathlib.Path(tempfile.mkdtemp()), weights_only=False, state={})
 print("tensorflow imported:", "tensorflow" in sys.modules)
 """
 
@@ -129,11 +129,11 @@ def test_global_seed_generator_is_the_one_unseeded_ops_draw_from() -> None:
 def test_rng_state_carries_unseeded_keras_random_ops() -> None:
     keras.utils.set_random_seed(7)
     keras.random.uniform((2,))
-    state = keras_io.rng_state()
+    state = training_state.rng_state()
     assert "keras" in state
     first = keras.ops.convert_to_numpy(keras.random.uniform((4,)))
     keras.random.uniform((4,))
-    keras_io.set_rng_state(state)
+    training_state.set_rng_state(state)
     assert np.array_equal(keras.ops.convert_to_numpy(keras.random.uniform((4,))), first)
 
 
@@ -145,7 +145,7 @@ def test_global_seed_generator_without_the_internal_is_none_and_says_so_once(
     with caplog.at_level(logging.WARNING, logger="resumable"):
         assert compat.global_seed_generator() is None
         assert compat.global_seed_generator(create=True) is None
-        assert "keras" not in keras_io.rng_state()
+        assert "keras" not in training_state.rng_state()
     warned = [r.getMessage() for r in caplog.records if "SeedGenerator" in r.getMessage()]
     assert len(warned) == 1 and keras.__version__ in warned[0] and "\n" not in warned[0]
 

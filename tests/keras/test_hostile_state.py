@@ -20,7 +20,7 @@ import resumable
 from resumable import CorruptCheckpointError, RunStorage
 from resumable.core.checksum import crc32c_of_file
 from resumable.core.manifest import KERAS_PAYLOADS, MANIFEST_NAME
-from resumable.keras import keras_io
+from resumable.keras import snapshot, state_file, training_state
 from resumable.storage import run_index
 
 keras = pytest.importorskip("keras")
@@ -40,7 +40,7 @@ def make_model() -> Any:
 
 
 def test_the_core_knows_the_keras_side_s_model_files() -> None:
-    assert set(KERAS_PAYLOADS) == {keras_io.MODEL_FILE, keras_io.WEIGHTS_FILE}
+    assert set(KERAS_PAYLOADS) == {snapshot.MODEL_FILE, snapshot.WEIGHTS_FILE}
 
 
 # ----------------------------------------------------------------------------- restoring callbacks
@@ -48,7 +48,7 @@ def test_the_core_knows_the_keras_side_s_model_files() -> None:
 
 def restore(states: dict[str, Any], arrays: dict[str, Any] | None = None) -> tuple[Any, list[str]]:
     early = keras.callbacks.EarlyStopping(monitor="val_loss", patience=3)
-    restored = keras_io.restore_callback_states([early], states, arrays or {})
+    restored = training_state.restore_callback_states([early], states, arrays or {})
     return early, restored
 
 
@@ -119,7 +119,7 @@ class Counted(keras.callbacks.Callback):
 
 def test_a_callback_of_one_s_own_gets_its_state_back() -> None:
     mine = Counted()
-    restored = keras_io.restore_callback_states(
+    restored = training_state.restore_callback_states(
         [mine], {"Counted#0": {"state": {"n": 3, "best": {"$float": "inf"}}}}, {})
     assert restored == ["Counted#0"] and mine.state == {"n": 3, "best": float("inf")}
 
@@ -134,14 +134,15 @@ def test_a_hostile_state_of_one_s_own_callback_is_skipped(saved: Any, why: str,
                                                          caplog: pytest.LogCaptureFixture) -> None:
     mine = Counted()
     with caplog.at_level(logging.WARNING, logger="resumable"):
-        restored = keras_io.restore_callback_states([mine], {"Counted#0": saved}, {})
+        restored = training_state.restore_callback_states([mine], {"Counted#0": saved}, {})
     assert restored == [] and mine.state is None
     assert f"not restoring the state of Counted#0: {why}" in caplog.text
 
 
 def test_a_set_state_that_raises_is_one_warning(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING, logger="resumable"):
-        restored = keras_io.restore_callback_states([Counted(fail=True)], {"Counted#0": {"state": 1}}, {})
+        restored = training_state.restore_callback_states(
+            [Counted(fail=True)], {"Counted#0": {"state": 1}}, {})
     assert restored == []
     assert "not restoring the state of Counted#0: set_state() raised RuntimeError: no" in caplog.text
 
@@ -152,7 +153,7 @@ def test_a_set_state_that_raises_is_one_warning(caplog: pytest.LogCaptureFixture
 def good_state() -> dict[str, Any]:
     return {"epoch": 1, "best": 0.5, "monitor": "val_loss", "mode": "min", "stopped_early": False,
             "history": [{"loss": 0.4, "val_loss": "nan"}], "callbacks": {"EarlyStopping#0": {"wait": 1}},
-            "optimizer": {"class": "Adam", "iterations": 2}, "rng": keras_io.rng_state(),
+            "optimizer": {"class": "Adam", "iterations": 2}, "rng": training_state.rng_state(),
             "model": {"class": "Sequential", "weights": [["dense/kernel", [8, 4]]]}, "version": 1}
 
 
@@ -204,42 +205,42 @@ HOSTILE_STATES = {
 
 @pytest.mark.parametrize(("data", "reason"), HOSTILE_STATES.values(), ids=HOSTILE_STATES.keys())
 def test_a_hostile_state_file_is_corrupt_with_one_line(tmp_path: Path, data: bytes, reason: str) -> None:
-    (tmp_path / keras_io.STATE_FILE).write_bytes(data)
+    (tmp_path / snapshot.STATE_FILE).write_bytes(data)
     with pytest.raises(CorruptCheckpointError) as caught:
-        keras_io.read_state(tmp_path, "gs://b/run/ckpt-000002")
+        state_file.read_state(tmp_path, "gs://b/run/ckpt-000002")
     text = str(caught.value)
     assert text.startswith("gs://b/run/ckpt-000002: state.json ") and reason in text
     assert "\n" not in text and len(text) < 300
 
 
 def test_a_good_state_file_reads_back(tmp_path: Path) -> None:
-    (tmp_path / keras_io.STATE_FILE).write_bytes(state_with())
-    assert keras_io.read_state(tmp_path) == good_state()
-    assert keras_io.read_state(tmp_path / "elsewhere") == {}  # none at all: nothing to restore
+    (tmp_path / snapshot.STATE_FILE).write_bytes(state_with())
+    assert state_file.read_state(tmp_path) == good_state()
+    assert state_file.read_state(tmp_path / "elsewhere") == {}  # none at all: nothing to restore
 
 
 def test_a_huge_state_file_is_refused_unread(tmp_path: Path) -> None:
     import tracemalloc
 
-    with open(tmp_path / keras_io.STATE_FILE, "wb") as f:
+    with open(tmp_path / snapshot.STATE_FILE, "wb") as f:
         f.truncate(400 * 2**20)  # sparse
     tracemalloc.start()
     try:
         with pytest.raises(CorruptCheckpointError, match="larger than any real one"):
-            keras_io.read_state(tmp_path)
+            state_file.read_state(tmp_path)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert peak < keras_io.STATE_LIMIT + 16 * 2**20  # its limit at most, never 400 MB
+    assert peak < state_file.STATE_LIMIT + 16 * 2**20  # its limit at most, never 400 MB
 
 
 def test_a_small_state_file_is_read_without_setting_its_limit_aside(tmp_path: Path) -> None:
     import tracemalloc
 
-    (tmp_path / keras_io.STATE_FILE).write_bytes(state_with())
+    (tmp_path / snapshot.STATE_FILE).write_bytes(state_with())
     tracemalloc.start()
     try:
-        keras_io.read_state(tmp_path)
+        state_file.read_state(tmp_path)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
@@ -262,7 +263,7 @@ def replace_payload_file(run: Path, name: str, rel: str, data: bytes) -> None:
 def test_resume_skips_a_checkpoint_whose_state_file_is_hostile(tmp_path: Path) -> None:
     url = str(tmp_path / "run")
     resumable.resume(url, build_model=make_model, async_upload=False).fit(X, Y, epochs=2, **FIT)
-    replace_payload_file(tmp_path / "run", "ckpt-000002", keras_io.STATE_FILE, b"[" * 50_000 + b"]" * 50_000)
+    replace_payload_file(tmp_path / "run", "ckpt-000002", snapshot.STATE_FILE, b"[" * 50_000 + b"]" * 50_000)
     assert RunStorage(url).latest().name == "ckpt-000002"  # type: ignore[union-attr]  # its files check out
     with pytest.warns(UserWarning, match="ckpt-000002: state.json is nested too deep"):
         run = resumable.resume(url, build_model=make_model, async_upload=False)
@@ -278,9 +279,9 @@ def test_a_hostile_callback_state_sets_nothing_but_its_fields(
     early = keras.callbacks.EarlyStopping(monitor="val_loss", patience=5)
     resumable.resume(url, build_model=make_model, async_upload=False).fit(X, Y, epochs=1, callbacks=[early],
                                                                         **FIT)
-    state = json.loads((tmp_path / "run" / "ckpt-000001" / keras_io.STATE_FILE).read_text())
+    state = json.loads((tmp_path / "run" / "ckpt-000001" / snapshot.STATE_FILE).read_text())
     state["callbacks"]["EarlyStopping#0"].update(wait=1, on_epoch_end=0, model="x", best_weights=10**18)
-    replace_payload_file(tmp_path / "run", "ckpt-000001", keras_io.STATE_FILE, json.dumps(state).encode())
+    replace_payload_file(tmp_path / "run", "ckpt-000001", snapshot.STATE_FILE, json.dumps(state).encode())
     restored = keras.callbacks.EarlyStopping(monitor="val_loss", patience=5)
     with caplog.at_level(logging.WARNING, logger="resumable"):
         resumable.resume(url, build_model=make_model, async_upload=False).fit(X, Y, epochs=2,

@@ -14,7 +14,7 @@ from paths import JOBS
 
 import resumable
 from resumable.core.checksum import crc32c_of_file
-from resumable.keras import compat, keras_io, snapshot
+from resumable.keras import compat, saving, snapshot
 
 JOB = JOBS / "snapshot_job.py"
 
@@ -43,7 +43,7 @@ def test_a_snapshot_writes_what_model_save_writes(tmp_path: Path) -> None:
     x = np.random.default_rng(1).normal(size=(32, 4)).astype("float32")
     model.fit(x, x[:, :1], epochs=1, verbose=0)
     model.save(tmp_path / "plain.keras")
-    taken = keras_io.snapshot(model, weights_only=False, state={})
+    taken = saving.snapshot(model, weights_only=False, state={})
     assert taken is not None and taken.nbytes > 0
     taken.write(tmp_path / "snap")
     ours = keras.saving.load_model(tmp_path / "snap" / "model.keras")
@@ -129,7 +129,7 @@ def test_each_byte_is_written_once_and_never_read_back(tmp_path: Path, kind: str
     model = make_big_model()
 
     def take() -> snapshot.ModelSnapshot:
-        taken = keras_io.snapshot(model, weights_only=kind == "weights", state={"epoch": 1},
+        taken = saving.snapshot(model, weights_only=kind == "weights", state={"epoch": 1},
                                   arrays={"seen": np.arange(4)},
                                   max_shard_size=0.004 if kind == "shards" else None)
         assert taken is not None
