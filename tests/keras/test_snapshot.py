@@ -119,7 +119,7 @@ def make_big_model() -> keras.Model:
 
 # A Keras whose HDF5 store cannot write into our file object (3.8, 3.9) writes the weights to a
 # temporary file, read back and copied in: twice (docs/runtimes.md). Every newer one: once, never read.
-ONCE = compat._store_into_file() is not None
+ONCE = compat.stores._store_into_file() is not None
 WRITES, READS = (1.01, 0.0) if ONCE else (2.02, 1.01)
 
 
@@ -130,8 +130,8 @@ def test_each_byte_is_written_once_and_never_read_back(tmp_path: Path, kind: str
 
     def take() -> snapshot.ModelSnapshot:
         taken = saving.snapshot(model, weights_only=kind == "weights", state={"epoch": 1},
-                                  arrays={"seen": np.arange(4)},
-                                  max_shard_size=0.004 if kind == "shards" else None)
+                                arrays={"seen": np.arange(4)},
+                                max_shard_size=0.004 if kind == "shards" else None)
         assert taken is not None
         return taken
 
