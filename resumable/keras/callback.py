@@ -327,7 +327,7 @@ class CheckpointCallback(keras.callbacks.Callback):
                 warnings.warn(
                     f"resumable: {checkpoint.url} tracked the best {saved[0]!r} (mode {saved[1]!r}); this "
                     f"run monitors {self.monitor!r} (mode {self.mode!r}), so its best is taken from the "
-                    f"run's history: {self.best}", stacklevel=3,
+                    f"run's history: {self.best}", stacklevel=4,  # resume()'s caller (via restore_checkpoint)
                 )
         self.stopped_early = bool(state.get("stopped_early", False))
         self._pending_restore = {"callbacks": state.get("callbacks", {}), "rng": state.get("rng", {})}

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import keras
+import numpy as np
 
 from resumable.core import safe_json
 from resumable.core.display import printable
@@ -27,7 +28,7 @@ from resumable.core.errors import (
     CheckpointNotFoundError,
     CorruptCheckpointError,
 )
-from resumable.keras import checkpoint_reading, compat, lora, shards, trainable, zip_member
+from resumable.keras import checkpoint_reading, compat, lora, shards, state_file, trainable, zip_member
 from resumable.keras.saving import no_tensorflow_import
 from resumable.keras.snapshot import (
     ARRAYS_FILE,
@@ -39,7 +40,7 @@ from resumable.keras.snapshot import (
     SHARDS_FILE,
     WEIGHTS_FILE,
 )
-from resumable.keras.state_file import STATE_LIMIT, read_arrays, read_state, shown
+from resumable.keras.state_file import STATE_LIMIT, shown
 from resumable.keras.topology import scope
 from resumable.keras.training_state import iterations, restore_seed_generators
 
@@ -52,7 +53,7 @@ def check_checkpoint(folder: Path, where: str) -> dict[str, Any]:
     The ``check`` of `RunManager.arriving_newest`: CorruptCheckpointError makes the checkpoint
     damaged, and the one before it is used.
     """
-    state = read_state(folder, where)
+    state = state_file.read_state(folder, where)
     layout = state.get("trainable")
     layouts = {trainable.TRAINABLE_FILE: trainable.npz_layout(layout)} if layout is not None else {}
     checkpoint_reading.check_files(folder, where, (ARRAYS_FILE, trainable.TRAINABLE_FILE, MODEL_FILE,
@@ -60,9 +61,48 @@ def check_checkpoint(folder: Path, where: str) -> dict[str, Any]:
     return state
 
 
+class ReadOnce:
+    """``state.json`` and ``arrays.npz`` of fetched checkpoint folders, each read once however many
+    steps of a restore need it: the check before loading (`check`, the manager's ``check``), the
+    load (`load_model`, `load_into`) and the training state's (`restore.restore_checkpoint`)."""
+
+    def __init__(self) -> None:
+        self._states: dict[Path, dict[str, Any]] = {}
+        self._arrays: dict[Path, dict[str, np.ndarray]] = {}
+
+    def check(self, folder: Path, where: str) -> dict[str, Any]:
+        """`check_checkpoint`, its ``state.json`` kept for the load. Always read anew: the manager
+        checks a checkpoint it refused again later, and its files may have been replaced."""
+        self._states[folder] = check_checkpoint(folder, where)
+        return self._states[folder]
+
+    def state(self, folder: Path, where: str) -> dict[str, Any]:
+        """``state.json`` of ``folder`` (`state_file.read_state`), read at its first use."""
+        if folder not in self._states:
+            self._states[folder] = state_file.read_state(folder, where)
+        return self._states[folder]
+
+    def arrays(self, folder: Path, where: str) -> dict[str, np.ndarray]:
+        """``arrays.npz`` of ``folder`` (`state_file.read_arrays`), read at its first use."""
+        if folder not in self._arrays:
+            self._arrays[folder] = state_file.read_arrays(folder, where)
+        return self._arrays[folder]
+
+    def forget(self, folder: Path) -> None:
+        """Drop what was read of ``folder`` (a checkpoint found damaged while loading)."""
+        self._states.pop(folder, None)
+        self._arrays.pop(folder, None)
+
+    def clear(self) -> None:
+        """Drop everything read: the restore is done (the manager may keep `check` for later)."""
+        self._states.clear()
+        self._arrays.clear()
+
+
 def load_model(folder: Path, build_model: Callable[[], keras.Model] | None, *, strategy: Any = None,
                distribution: Any = None, where: str, landed: Landed | None = None,
-               weights: Callable[[keras.Model], None] | None = None) -> keras.Model:
+               weights: Callable[[keras.Model], None] | None = None, reads: ReadOnce | None = None
+               ) -> keras.Model:
     """Rebuild the model of a fetched checkpoint folder, optimizer state included.
 
     With ``build_model``, its model receives the checkpoint's weights (the user's code keeps
@@ -73,9 +113,11 @@ def load_model(folder: Path, build_model: Callable[[], keras.Model] | None, *, s
     returns once file ``name`` is in ``folder`` (`Arrival.wait_for`): shards are read as
     they come; None: every file is there. ``weights(model)``: loads the weights and optimizer
     state instead of Keras' files (#36: a model split across processes, `multihost.py`).
+    ``reads``: where ``state.json`` and ``arrays.npz`` are read once for the whole restore.
     """
+    reads = reads or ReadOnce()
     landed = _checking_shards(landed or _here, folder, where)
-    state = read_state(folder, where)
+    state = reads.state(folder, where)
     layout = state.get("trainable")
     weights_file = _weights_file(folder, layout, where) if weights is None else folder
     with scope(strategy, distribution), no_tensorflow_import():
@@ -111,7 +153,7 @@ def load_model(folder: Path, build_model: Callable[[], keras.Model] | None, *, s
     _check_optimizer(model, state.get("optimizer"), where)
     landed(ARRAYS_FILE)
     with scope(strategy, distribution):
-        arrays = read_arrays(folder, where)
+        arrays = reads.arrays(folder, where)
         lora.restore(model, arrays, where)
         restore_seed_generators(model, arrays, where)
     return model
@@ -356,14 +398,15 @@ def _check_optimizer_class(model: keras.Model, saved: dict[str, Any] | None, whe
 
 
 def load_into(model: keras.Model, folder: Path, where: str,
-              weights: Callable[[keras.Model], None] | None = None) -> None:
+              weights: Callable[[keras.Model], None] | None = None, reads: ReadOnce | None = None) -> None:
     """Load a fetched checkpoint folder's weights and optimizer state into ``model``, in place.
 
     For callbacks that restore the model ``fit`` was called on (resumable.BackupAndRestore, a
     Run rolled back after an exception). The layout and optimizer are checked as in `load_model`;
-    ``weights(model)`` loads them instead of Keras' files, as there.
+    ``weights(model)`` loads them instead of Keras' files, and ``reads`` reads each file once, as there.
     """
-    state = read_state(folder, where)
+    reads = reads or ReadOnce()
+    state = reads.state(folder, where)
     layout = state.get("trainable")
     weights_file = _weights_file(folder, layout, where) if weights is None else folder
     _check_layout(model, state.get("model", {}).get("weights"), where)
@@ -373,6 +416,6 @@ def load_into(model: keras.Model, folder: Path, where: str,
     else:
         _load_weights(model, weights_file, layout, where, "the model")
     _check_optimizer(model, state.get("optimizer"), where)
-    arrays = read_arrays(folder, where)
+    arrays = reads.arrays(folder, where)
     lora.restore(model, arrays, where)
     restore_seed_generators(model, arrays, where)

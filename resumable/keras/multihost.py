@@ -209,18 +209,21 @@ def _variables(model: keras.Model) -> list[Any]:
 
 
 def load_model(folder: Path, build_model: Callable[[], keras.Model] | None, *, strategy: Any = None,
-               distribution: Any = None, where: str, landed: Any = None) -> keras.Model:
+               distribution: Any = None, where: str, landed: Any = None,
+               reads: loading.ReadOnce | None = None) -> keras.Model:
     """`loading.load_model` of a checkpoint whose every file is in ``folder`` (one process resumes
     a checkpoint a multi-host job wrote: it holds every part)."""
     check_installed()
     return loading.load_model(folder, build_model, strategy=strategy, distribution=distribution, where=where,
-                               landed=landed, weights=lambda model: read_variables(model, folder, where))
+                              landed=landed, weights=lambda model: read_variables(model, folder, where),
+                              reads=reads)
 
 
-def load_into(model: keras.Model, folder: Path, where: str) -> None:
+def load_into(model: keras.Model, folder: Path, where: str, reads: loading.ReadOnce | None = None) -> None:
     """`loading.load_into` of such a checkpoint: its variables and seed generator states into ``model``."""
     check_installed()
-    loading.load_into(model, folder, where, weights=lambda model: read_variables(model, folder, where))
+    loading.load_into(model, folder, where, weights=lambda model: read_variables(model, folder, where),
+                      reads=reads)
 
 
 def read_variables(model: keras.Model, folder: Path, where: str) -> None:
@@ -361,16 +364,18 @@ class JobResume:
         return split
 
     def load_newest(self, build_model: Callable[[], keras.Model] | None, *, distribution: Any,
-                    warn: Callable[[str], None]) -> tuple[CheckpointInfo, Path, keras.Model] | None:
-        """The newest checkpoint every process could read, with its folder and the model; None if none."""
-        return self._newest_loaded(lambda info, folder: self._load(info, folder, build_model, distribution),
-                                   warn)
+                    warn: Callable[[str], None], reads: loading.ReadOnce
+                    ) -> tuple[CheckpointInfo, Path, keras.Model] | None:
+        """The newest checkpoint every process could read, with its folder and the model; None if none.
+        ``reads``: its state.json and arrays.npz, read once (`loading.ReadOnce`)."""
+        return self._newest_loaded(
+            lambda info, folder: self._load(info, folder, build_model, distribution, reads), warn)
 
-    def restore_into(self, model: keras.Model, *, warn: Callable[[str], None]
+    def restore_into(self, model: keras.Model, *, warn: Callable[[str], None], reads: loading.ReadOnce
                      ) -> tuple[CheckpointInfo, Path] | None:
         """`load_newest` for the model ``fit`` was called on (BackupAndRestore): the newest
         checkpoint every process could read, loaded into ``model`` in place; None if none."""
-        found = self._newest_loaded(lambda info, folder: self._load_into(model, info, folder), warn)
+        found = self._newest_loaded(lambda info, folder: self._load_into(model, info, folder, reads), warn)
         return None if found is None else (found[0], found[1])
 
     def _newest_loaded(self, load: Callable[[CheckpointInfo, Path], Any], warn: Callable[[str], None]
@@ -391,12 +396,13 @@ class JobResume:
         return None
 
     def _load(self, info: CheckpointInfo, folder: Path, build_model: Callable[[], keras.Model] | None,
-              distribution: Any) -> keras.Model:
+              distribution: Any, reads: loading.ReadOnce) -> keras.Model:
         return loading.load_model(folder, build_model, distribution=distribution, where=info.url,
-                                   weights=self._weights(info, folder))
+                                  weights=self._weights(info, folder), reads=reads)
 
-    def _load_into(self, model: keras.Model, info: CheckpointInfo, folder: Path) -> bool:
-        loading.load_into(model, folder, info.url, weights=self._weights(info, folder))
+    def _load_into(self, model: keras.Model, info: CheckpointInfo, folder: Path,
+                   reads: loading.ReadOnce) -> bool:
+        loading.load_into(model, folder, info.url, weights=self._weights(info, folder), reads=reads)
         return True
 
     def _weights(self, info: CheckpointInfo, folder: Path) -> Callable[[keras.Model], None] | None:

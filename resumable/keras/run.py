@@ -18,12 +18,13 @@ from resumable.core.errors import (
     LeaseLostError,
     ResumableError,
 )
-from resumable.keras import compat, loading, multihost, state_file, topology, torch_backend, training_state
+from resumable.keras import compat, loading, multihost, topology, torch_backend, training_state
 from resumable.keras.callback import CheckpointCallback, Witness
 from resumable.keras.continuity import csv_logs_continued, final_weights
 from resumable.keras.inputs import Feed
 from resumable.keras.interrupts import StopSignals
 from resumable.keras.positioning import rest_of_epoch
+from resumable.keras.restore import restore_checkpoint
 from resumable.manager.run_manager import RunManager
 from resumable.storage import CheckpointInfo
 
@@ -266,12 +267,8 @@ class Run:
         latest = self.callback.last_checkpoint
         if latest is not None:
             local = self.callback.manager.fetch(latest)
-            if multihost.holds(latest):  # #36: a model split across processes
-                multihost.load_into(self.model, local, latest.url)
-            else:
-                loading.load_into(self.model, local, latest.url)
-            self.callback.restore(latest, state_file.read_state(local), state_file.read_arrays(local),
-                                  self.callback.manager.damaged)
+            restore_checkpoint(self.callback, latest, local, loading.ReadOnce(), into=self.model,
+                               only_cached=False)  # the cache as it was: a Run's own checkpoints
             self.checkpoint = latest
             where = f"{latest.url} (epoch {latest.epoch}, step {latest.step})"
         elif self.build_model is not None:
@@ -367,12 +364,11 @@ def resume(
     callback.strategy = strategy
     manager = callback.manager
     callback.warn_if_leased()  # before a download that fit would waste
-    loaded = _load_newest(manager, build_model, strategy, distribution, callback.barrier_timeout)
+    reads = loading.ReadOnce()
+    loaded = _load_newest(manager, build_model, strategy, distribution, callback.barrier_timeout, reads)
     if loaded is not None:
         info, local, model = loaded
-        callback.restore(info, state_file.read_state(local, info.url), state_file.read_arrays(local),
-                         manager.damaged)
-        manager.keep_only_cached(info.name)
+        restore_checkpoint(callback, info, local, reads)
         logger.info("resumable: resumed %s at epoch %d, step %d", printable(info.url), info.epoch, info.step)
         _say_if_other_backend(info)
         if info.manifest is not None and info.manifest.batch:
@@ -409,9 +405,10 @@ def _say_if_other_backend(info: CheckpointInfo) -> None:
 
 
 def _load_newest(manager: RunManager, build_model: Callable[[], keras.Model] | None, strategy: Any,
-                 distribution: Any, barrier_timeout: float
+                 distribution: Any, barrier_timeout: float, reads: loading.ReadOnce
                  ) -> tuple[CheckpointInfo, Path, keras.Model] | None:
     """The model of the newest checkpoint that loads, with its info and folder; None if none.
+    ``reads``: what is read of each checkpoint's state.json and arrays.npz, kept for its restore.
 
     From a bucket, the weights' shards are loaded as they come down (`RunManager.arriving_newest`):
     one that comes down damaged makes the checkpoint damaged, and the next older one is tried.
@@ -422,23 +419,24 @@ def _load_newest(manager: RunManager, build_model: Callable[[], keras.Model] | N
     if topology.process_count() > 1:  # every process must resume from the one process 0 chose
         job = multihost.JobResume(manager, timeout=barrier_timeout)  # #36: a model split across processes
         if job.newest_is_split():
-            return job.load_newest(build_model, distribution=distribution, warn=warn)
-        found = _follow_chief(manager, manager.fetch_newest(warn=warn, check=loading.check_checkpoint))
+            return job.load_newest(build_model, distribution=distribution, warn=warn, reads=reads)
+        found = _follow_chief(manager, manager.fetch_newest(warn=warn, check=reads.check))
         if found is None:
             return None
         info, local = found
         return info, local, loading.load_model(local, build_model, strategy=strategy,
-                                                distribution=distribution, where=info.url)
-    while (arriving := manager.arriving_newest(warn=warn, check=loading.check_checkpoint,
+                                               distribution=distribution, where=info.url, reads=reads)
+    while (arriving := manager.arriving_newest(warn=warn, check=reads.check,
                                                streamed=loading.is_shard)) is not None:
         info, arrival = arriving  # a bad state.json was skipped as damaged
         with arrival:
             try:
                 load = multihost.load_model if multihost.holds(info) else loading.load_model  # #36
                 model = load(arrival.folder, build_model, strategy=strategy, distribution=distribution,
-                             where=info.url, landed=arrival.wait_for)
+                             where=info.url, landed=arrival.wait_for, reads=reads)
                 return info, arrival.result(), model
             except CorruptCheckpointError as e:
+                reads.forget(arrival.folder)
                 warn(printable(str(e)))
                 manager.damaged.add(info.name)
     return None
