@@ -18,14 +18,12 @@ from typing import Any
 
 import numpy as np
 import pytest
+from keras_helpers import replace_payload_file, small_model
 
 import resumable
 from resumable import RunStorage
-from resumable.core.checksum import crc32c_of_file
-from resumable.core.manifest import MANIFEST_NAME
 from resumable.keras import checkpoint_reading, snapshot, training_state
 from resumable.keras.trainable import TRAINABLE_FILE
-from resumable.storage import run_index
 
 keras = pytest.importorskip("keras")
 
@@ -38,11 +36,7 @@ FIT: dict[str, Any] = {"batch_size": 32, "shuffle": False, "verbose": 0, "valida
 
 
 def make_model() -> Any:
-    keras.utils.set_random_seed(3)
-    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4, activation="relu"),
-                              keras.layers.Dropout(0.1), keras.layers.Dense(1)])
-    model.compile(optimizer="adam", loss="mse")
-    return model
+    return small_model(dropout=0.1)
 
 
 def lora_model() -> Any:
@@ -73,15 +67,6 @@ def trainable_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def copy_of(run: Path, tmp_path: Path) -> Path:
     shutil.copytree(run, tmp_path / "run")
     return tmp_path / "run"
-
-
-def replace_payload_file(run: Path, rel: str, data: bytes, name: str = "ckpt-000002") -> None:
-    """Rewrite a committed file and its manifest entry, as a writer that controls both could."""
-    (run / name / rel).write_bytes(data)
-    manifest = json.loads((run / name / MANIFEST_NAME).read_text())
-    manifest["files"][rel] = {"size": len(data), "crc32c": crc32c_of_file(run / name / rel)}
-    (run / name / MANIFEST_NAME).write_text(json.dumps(manifest))
-    (run / run_index.INDEX_NAME).unlink(missing_ok=True)  # the index recorded the old sizes
 
 
 def npz_bytes(**arrays: Any) -> bytes:

@@ -11,7 +11,7 @@ from typing import Any
 import backends
 import numpy as np
 import pytest
-from keras_helpers import same_weights
+from keras_helpers import same_weights, small_model
 
 import resumable
 from resumable.keras import checkpoint_reading, state_file
@@ -31,11 +31,7 @@ def deterministic_ops() -> None:
 
 def make_model() -> Any:
     """Dropout: a seed generator, so every checkpoint holds an arrays.npz."""
-    keras.utils.set_random_seed(3)
-    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(8, activation="relu"),
-                              keras.layers.Dropout(0.3), keras.layers.Dense(1)])
-    model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse")
-    return model
+    return small_model(dropout=0.3)
 
 
 class RaiseAtStep4(keras.callbacks.Callback):

@@ -14,9 +14,14 @@ from paths import JOBS
 
 import resumable
 from resumable.core.checksum import crc32c_of_file
+from resumable.core.manifest import KERAS_PAYLOADS
 from resumable.keras import compat, saving, snapshot
 
 JOB = JOBS / "snapshot_job.py"
+
+
+def test_the_core_knows_the_keras_side_s_model_files() -> None:
+    assert set(KERAS_PAYLOADS) == {snapshot.MODEL_FILE, snapshot.WEIGHTS_FILE}
 
 
 @pytest.mark.parametrize("backend", ["tensorflow", "jax"])
