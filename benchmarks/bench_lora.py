@@ -5,8 +5,8 @@
 
 Builds the model from a config with seeded random weights (nothing is downloaded), enables
 LoRA (rank 4), trains one step so the optimizer has its state, then times resumable's own
-serialization (``keras_io.save``: what blocks training; the upload runs in the background)
-and load (``keras_io.load_into``) of each kind of checkpoint, and the fingerprint of the
+serialization (``saving.save``: what blocks training; the upload runs in the background)
+and load (``loading.load_into``) of each kind of checkpoint, and the fingerprint of the
 frozen weights (once a session: the first save, or the check of a resume; the saves after it
 reuse it). Prints one markdown table.
 """
@@ -67,7 +67,7 @@ def main(argv: list[str]) -> int:
     import numpy as np
 
     from resumable.core.display import human_size
-    from resumable.keras import keras_io, trainable
+    from resumable.keras import loading, saving, trainable
 
     started = time.perf_counter()
     model = build(MODELS[args.model], dtype)
@@ -86,12 +86,12 @@ def main(argv: list[str]) -> int:
                               ("`save_trainable_only`", {"weights_only": False, "trainable_only": True})):
             folder = Path(tmp) / name.replace(" ", "_")
             trainable.fingerprint(model)  # a session's first save computes it; the others reuse it
-            saving = timed(lambda folder=folder, options=options: keras_io.save(
+            saved = timed(lambda folder=folder, options=options: saving.save(
                 model, folder, state={}, **options))
             size = folder_size(folder)
             trainable._fingerprints.clear()  # a resuming session computes it again, to check it
-            loading = timed(lambda folder=folder: keras_io.load_into(model, folder, str(folder)))
-            rows.append((name, size, saving, loading))
+            loaded = timed(lambda folder=folder: loading.load_into(model, folder, str(folder)))
+            rows.append((name, size, saved, loaded))
             for path in folder.iterdir():
                 path.unlink()
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
@@ -102,8 +102,8 @@ def main(argv: list[str]) -> int:
     print("| checkpoint | size | of full | a save (staging) | load into the built model, checks included |")
     print("|---|---|---|---|---|")
     full = rows[0][1]
-    for name, size, saving, loading in rows:
-        print(f"| {name} | {human_size(size)} | {size / full:.2%} | {saving:.2f} s | {loading:.2f} s |")
+    for name, size, saved, loaded in rows:
+        print(f"| {name} | {human_size(size)} | {size / full:.2%} | {saved:.2f} s | {loaded:.2f} s |")
     return 0
 
 

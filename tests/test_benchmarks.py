@@ -36,8 +36,14 @@ def test_bench_save_tiny_prints_its_tables(gcs_server: str) -> None:
         assert out.count(f"\n{row} ") == 2, row
     for target in ("blocked per save, resumable to a local folder / ModelCheckpoint",
                    "peak RSS over baseline, resumable, local", "epoch time, resumable to a local folder",
-                   "resume(gs://) / gcsfs get_file + load_model"):
+                   "resume(gs://) / gcsfs get_file + load_model",
+                   "epoch time: resumable to a local folder / ModelCheckpoint"):
         assert out.count(target) == 2, target
+    if "OrbaxCheckpoint, local" in configs:
+        for target in ("epoch time: resumable to a local folder / OrbaxCheckpoint",
+                       "wait at the end of fit: resumable to a local folder / OrbaxCheckpoint",
+                       "last save, all fit waited for it: resumable to a local folder / OrbaxCheckpoint"):
+            assert out.count(target) == 2, target
     assert "written to" not in out  # the tiny run never rewrites the docs
 
 

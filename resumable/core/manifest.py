@@ -20,7 +20,7 @@ MANIFEST_NAME = "manifest.json"
 MANIFEST_LIMIT = safe_json.MANIFEST_LIMIT  # bytes: larger is refused unread
 FORMAT_NAME = "resumable.checkpoint"
 FORMAT_VERSION = 1
-# What resumable's Keras side has always saved (keras_io.MODEL_FILE, WEIGHTS_FILE): a manifest
+# What resumable's Keras side has always saved (snapshot.MODEL_FILE, WEIGHTS_FILE): a manifest
 # with a "keras" version and no `payload` must list one of them.
 KERAS_PAYLOADS = ("model.keras", "model.weights.h5")
 MAX_COUNT = 2**63 - 1  # epochs, steps and sizes fit an int64, as GCS and NumPy hold them

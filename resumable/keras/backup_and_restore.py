@@ -20,8 +20,9 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from resumable.keras import compat, keras_io, multihost
+from resumable.keras import compat, loading, multihost, snapshot
 from resumable.keras.callback import CheckpointCallback
+from resumable.keras.restore import restore_checkpoint
 from resumable.manager.job_commit import DEFAULT_BARRIER_TIMEOUT
 from resumable.storage import CheckpointInfo
 from resumable.storage.lease import DEFAULT_TIMEOUT
@@ -128,7 +129,7 @@ class BackupAndRestore(CheckpointCallback):
 
     @property
     def _weights_path(self) -> str:
-        return self._backup_file(0, keras_io.WEIGHTS_FILE)
+        return self._backup_file(0, snapshot.WEIGHTS_FILE)
 
     @property
     def _training_metadata_path(self) -> str:
@@ -136,7 +137,7 @@ class BackupAndRestore(CheckpointCallback):
 
     @property
     def _prev_weights_path(self) -> str:
-        return self._backup_file(1, keras_io.WEIGHTS_FILE)
+        return self._backup_file(1, snapshot.WEIGHTS_FILE)
 
     @property
     def _prev_training_metadata_path(self) -> str:
@@ -153,12 +154,11 @@ class BackupAndRestore(CheckpointCallback):
             )
         self.manager.finish(quiet=True)  # an earlier fit an exception ended: its backups land first
         self._forget_run()
-        found = self._newest_restored(model)
+        reads = loading.ReadOnce()
+        found = self._newest_restored(model, reads)
         if found is not None:
             info, local = found
-            self.restore(info, keras_io.read_state(local, info.url), keras_io.read_arrays(local),
-                         self.manager.damaged)
-            self.manager.keep_only_cached(info.name)
+            restore_checkpoint(self, info, local, reads)
             compat.set_fit_initial_epoch(model, info.epoch)
             if self.resume_batch:
                 logger.info("resumable: %s was saved %d batches into epoch %d; model.fit restarts that epoch "
@@ -174,17 +174,18 @@ class BackupAndRestore(CheckpointCallback):
         super().on_train_begin(logs)
         self._last = True  # back up at this callback's place in the list, as Keras does
 
-    def _newest_restored(self, model: Any) -> tuple[CheckpointInfo, Path] | None:
-        """The newest backup that loads, loaded into ``model``, and its folder; None if none."""
+    def _newest_restored(self, model: Any, reads: loading.ReadOnce) -> tuple[CheckpointInfo, Path] | None:
+        """The newest backup that loads, loaded into ``model``, and its folder; None if none.
+        ``reads``: its state.json and arrays.npz, read once for the load and the restore."""
         def warn(problem: str) -> None:
             warnings.warn(f"resumable: {problem}", stacklevel=6)
 
         if multihost.split_across_processes(model):  # #36: every process its part, of the same backup
             job = multihost.JobResume(self.manager, timeout=self.barrier_timeout)
-            return job.restore_into(model, warn=warn)
-        found = self.manager.fetch_newest(warn=warn, check=keras_io.check_checkpoint)  # damaged: skipped
+            return job.restore_into(model, warn=warn, reads=reads)
+        found = self.manager.fetch_newest(warn=warn, check=reads.check)  # damaged: skipped
         if found is not None:
-            keras_io.load_into(model, found[1], found[0].url)
+            loading.load_into(model, found[1], found[0].url, reads=reads)
         return found
 
     def _forget_run(self) -> None:

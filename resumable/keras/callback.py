@@ -23,7 +23,18 @@ from resumable.core.errors import NoSpaceError, ResumableError
 from resumable.core.manifest import FileEntry, Manifest
 from resumable.core.naming import DEFAULT_TEMPLATE
 from resumable.core.policy import Retention, is_better, resolve_mode
-from resumable.keras import compat, keras_io, multihost, notebook, trainable, user_state
+from resumable.keras import (
+    compat,
+    multihost,
+    notebook,
+    saving,
+    snapshot,
+    state_file,
+    topology,
+    trainable,
+    training_state,
+    user_state,
+)
 from resumable.keras.inputs import Feed, describe, plain_fit_problem
 from resumable.manager.job_commit import DEFAULT_BARRIER_TIMEOUT
 from resumable.manager.run_manager import RunManager
@@ -219,7 +230,7 @@ class CheckpointCallback(keras.callbacks.Callback):
         self.manager = RunManager(
             self.filepath, filename=filename, storage_options=storage_options, staging_dir=staging_dir,
             retention=self.retention, lease_timeout=lease_seconds, takeover=takeover,
-            async_upload=async_upload, verbose=bool(verbose), process_index=keras_io.process_index(),
+            async_upload=async_upload, verbose=bool(verbose), process_index=topology.process_index(),
             when_behind=when_behind,
         )
         self.when_behind = when_behind
@@ -316,7 +327,7 @@ class CheckpointCallback(keras.callbacks.Callback):
                 warnings.warn(
                     f"resumable: {checkpoint.url} tracked the best {saved[0]!r} (mode {saved[1]!r}); this "
                     f"run monitors {self.monitor!r} (mode {self.mode!r}), so its best is taken from the "
-                    f"run's history: {self.best}", stacklevel=3,
+                    f"run's history: {self.best}", stacklevel=4,  # resume()'s caller (via restore_checkpoint)
                 )
         self.stopped_early = bool(state.get("stopped_early", False))
         self._pending_restore = {"callbacks": state.get("callbacks", {}), "rng": state.get("rng", {})}
@@ -331,14 +342,14 @@ class CheckpointCallback(keras.callbacks.Callback):
         """Restore the checkpoint's callback states into ``callbacks`` now, not at the next fit's
         first epoch (a run that is over: `Run.fit` trains no more)."""
         if self._pending_restore is not None:
-            keras_io.restore_callback_states(callbacks, self._pending_restore["callbacks"],
-                                             self._pending_arrays)
+            training_state.restore_callback_states(callbacks, self._pending_restore["callbacks"],
+                                                   self._pending_arrays)
 
     def begin_partial_epoch(self, batch: int, model: keras.Model) -> None:
         """The next fit of ``model`` runs the rest of the restored checkpoint's epoch, from ``batch``
         (Run.fit)."""
         self._batch_offset = batch
-        self._resume_learning_rate = keras_io.learning_rate(model)
+        self._resume_learning_rate = training_state.learning_rate(model)
 
     def replay_epoch(self) -> None:
         """The restored mid-epoch checkpoint's epoch restarts from its first batch."""
@@ -348,7 +359,7 @@ class CheckpointCallback(keras.callbacks.Callback):
 
     def carry_over(self) -> None:
         """Hand the other callbacks' state to the next fit of this session (Keras resets it)."""
-        states, arrays = keras_io.callback_states(self._siblings)
+        states, arrays = training_state.callback_states(self._siblings)
         self._pending_restore = {"callbacks": states, "rng": {}}
         self._pending_arrays = arrays
         self._first_epoch = True
@@ -413,16 +424,16 @@ class CheckpointCallback(keras.callbacks.Callback):
         offset = self._batch_offset
         self._epoch = epoch
         self._batch_in_epoch = offset
-        self._epoch_start_step = keras_io.iterations(self.model) - offset
+        self._epoch_start_step = training_state.iterations(self.model) - offset
         self._freq_step = self._epoch_start_step + offset
         if offset:
             # The rest of a restored epoch: its data order came from the RNG states at its start.
             self._epoch_rng = self.resume_epoch_rng or {}
             # Its on_epoch_begin ran in the session that saved it; callbacks that set the learning
             # rate there (LearningRateScheduler) just did it again: the checkpoint's rate stands.
-            keras_io.set_learning_rate(self.model, self._resume_learning_rate)
+            training_state.set_learning_rate(self.model, self._resume_learning_rate)
         else:
-            self._epoch_rng = keras_io.rng_state()
+            self._epoch_rng = training_state.rng_state()
             self._resume_metrics = {}
         self._in_epoch = True
 
@@ -449,12 +460,12 @@ class CheckpointCallback(keras.callbacks.Callback):
         if self.save_interval is not None and self.manager.job is not None:
             due = multihost.chief_decides(due)  # #36: every process saves at the same step
         if due:
-            self._save(self.epochs_done, self._batch_in_epoch, keras_io.logs_to_floats(logs))
+            self._save(self.epochs_done, self._batch_in_epoch, training_state.logs_to_floats(logs))
 
     @_gives_lease_back_on_error
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self._witnessed = None
-        floats = keras_io.logs_to_floats(logs)
+        floats = training_state.logs_to_floats(logs)
         del self.history[epoch:]  # an epoch re-run after a mid-epoch restore replaces its entry
         self.history.append(floats)
         self.epochs_done = epoch + 1
@@ -538,7 +549,7 @@ class CheckpointCallback(keras.callbacks.Callback):
         model = self.model  # on JAX, reading it syncs the training state into the variables
         if not self._in_epoch or model is None:
             return None
-        step = keras_io.iterations(model)
+        step = training_state.iterations(model)
         batch = step - self._epoch_start_step
         if batch <= 0 or step == self._last_saved_step:
             return None
@@ -548,7 +559,7 @@ class CheckpointCallback(keras.callbacks.Callback):
                     "(validation, callbacks): not saved")
         if self.save_best_only:
             return "save_best_only=True saves only improvements at epoch ends: not saved"
-        self._save(self.epochs_done, batch, keras_io.logs_to_floats(_metrics_result(model)))
+        self._save(self.epochs_done, batch, training_state.logs_to_floats(_metrics_result(model)))
         return None
 
     def witness(self, kind: str, index: int, logs: dict[str, Any] | None) -> None:
@@ -575,14 +586,14 @@ class CheckpointCallback(keras.callbacks.Callback):
         if self._resume_metrics:
             self._add_saved_metrics()
             if logs is not None:
-                logs.update({k: v for k, v in keras_io.logs_to_floats(_metrics_result(self.model)).items()
-                             if k in logs})
+                floats = training_state.logs_to_floats(_metrics_result(self.model))
+                logs.update({k: v for k, v in floats.items() if k in logs})
 
     def _add_saved_metrics(self) -> None:
         if self._resume_metrics:
             saved, self._resume_metrics = self._resume_metrics, {}
             try:
-                added = keras_io.add_metrics(self.model, saved)
+                added = training_state.add_metrics(self.model, saved)
             except Exception as e:  # noqa: BLE001 - metrics are reporting; training goes on
                 logger.warning("resumable: could not restore the epoch's metric totals: %s", e)
                 added = True
@@ -615,10 +626,10 @@ class CheckpointCallback(keras.callbacks.Callback):
             )
             self.replay_epoch()
         if self._pending_restore is not None:
-            restored = keras_io.restore_callback_states(
+            restored = training_state.restore_callback_states(
                 self._siblings, self._pending_restore["callbacks"], self._pending_arrays
             )
-            keras_io.set_rng_state(self._pending_restore["rng"])
+            training_state.set_rng_state(self._pending_restore["rng"])
             if restored:
                 logger.info("resumable: restored the state of %s", ", ".join(restored))
             self._pending_restore = None
@@ -626,13 +637,13 @@ class CheckpointCallback(keras.callbacks.Callback):
 
     def _save_pending(self) -> None:
         if self._pending_save is not None:
-            logs = keras_io.logs_to_floats(self._pending_save)
+            logs = training_state.logs_to_floats(self._pending_save)
             self._pending_save = None
             self.history[self.epochs_done - 1] = logs
             self._save(self.epochs_done, 0, logs)
 
     def _save(self, epoch: int, batch: int, logs: dict[str, float]) -> None:
-        step = keras_io.iterations(self.model)
+        step = training_state.iterations(self.model)
         if batch and step == self._last_saved_step:
             return  # never two checkpoints of the same state
         # A mid-epoch value is a running average of part of an epoch: never a "best".
@@ -659,26 +670,26 @@ class CheckpointCallback(keras.callbacks.Callback):
         name = self.storage.template.format(epoch, step, logs, mid_epoch=batch > 0, batch=batch)
         logger.info("resumable: saving %s", name)
         staging = self.manager.stage(name, drop_cached=False)  # dropped by the writer, or below
-        callback_states, arrays = keras_io.callback_states(self._siblings)
+        callback_states, arrays = training_state.callback_states(self._siblings)
         state = self._state(callback_states, step, batch)
         if "inputs" in state:  # where the inputs stand at the newest checkpoint, for a later run.fit
             self.resume_inputs = state["inputs"]
         if batch:
             self._add_resumed_metrics()
             state["epoch_rng"] = self._epoch_rng
-            arrays.update(keras_io.metric_arrays(self.model))
+            arrays.update(training_state.metric_arrays(self.model))
         # Training waits only for a copy of the values into host memory; the files are written
-        # with the upload, in the background (keras_io.snapshot). Without Keras' internals for
+        # with the upload, in the background (saving.snapshot). Without Keras' internals for
         # that, the model is serialized here as before; so is a trainable-only checkpoint, whose
         # megabytes take less time to write than to hold.
-        taken: keras_io.ModelSnapshot | multihost.PartSnapshot | None = None
+        taken: snapshot.ModelSnapshot | multihost.PartSnapshot | None = None
         if self.manager.job is not None:  # #36: this process's part of a model split across processes
             with self.manager.serializing():
                 taken = multihost.snapshot(self.model, state=state, arrays=arrays)
         elif not self.save_trainable_only:
             with self.manager.serializing():
-                taken = keras_io.snapshot(self.model, weights_only=self.save_weights_only, state=state,
-                                          arrays=arrays, max_shard_size=self.max_shard_size)
+                taken = saving.snapshot(self.model, weights_only=self.save_weights_only, state=state,
+                                        arrays=arrays, max_shard_size=self.max_shard_size)
         write = functools.partial(self._write_staged, taken, name) if taken is not None else None
         # said now, as a synchronous save would
         if taken is not None and not taken.fits_in(self._write_folder(staging)):
@@ -688,9 +699,9 @@ class CheckpointCallback(keras.callbacks.Callback):
         if payload is None:
             return
         self._last_saved_step = step
-        processes, devices = keras_io.topology(self.model, self.strategy)
+        processes, devices = topology.topology(self.model, self.strategy)
         manifest = Manifest(
-            epoch=epoch, step=step, batch=batch, metrics=logs, versions=keras_io.versions(),
+            epoch=epoch, step=step, batch=batch, metrics=logs, versions=topology.versions(),
             state=self._summary(callback_states), processes=processes, devices=devices,
             payload=payload,
         )
@@ -708,9 +719,9 @@ class CheckpointCallback(keras.callbacks.Callback):
         self.manager.uploader.drop_cached()  # Keras writes here now: the old copy goes first
         try:
             with self.manager.serializing():
-                return keras_io.save(self.model, staging, weights_only=self.save_weights_only, state=state,
-                                     arrays=arrays, trainable_only=self.save_trainable_only,
-                                     max_shard_size=self.max_shard_size)
+                return saving.save(self.model, staging, weights_only=self.save_weights_only, state=state,
+                                   arrays=arrays, trainable_only=self.save_trainable_only,
+                                   max_shard_size=self.max_shard_size)
         except OSError as e:
             if e.errno not in NO_SPACE_ERRNOS:
                 raise
@@ -730,7 +741,7 @@ class CheckpointCallback(keras.callbacks.Callback):
         job's part (#36) is always staged: every process uploads its own, process 0 commits."""
         return Path(self.storage.root) if self.manager.writes_in_place else staging
 
-    def _write_staged(self, taken: keras_io.ModelSnapshot | multihost.PartSnapshot, name: str, folder: Path,
+    def _write_staged(self, taken: snapshot.ModelSnapshot | multihost.PartSnapshot, name: str, folder: Path,
                       root: str | None) -> dict[str, FileEntry]:
         """Write a snapshot's files into ``folder`` (below the run folder ``root``, or a staging
         folder); each one's size and CRC32C as written (the uploader's thread, in the background)."""
@@ -801,8 +812,8 @@ class CheckpointCallback(keras.callbacks.Callback):
             "epochs_planned": (self.params or {}).get("epochs"),
             "history": self.history[: self.epochs_done],
             "callbacks": callback_states,
-            "optimizer": keras_io.optimizer_summary(self.model),
-            "rng": keras_io.rng_state(),
+            "optimizer": training_state.optimizer_summary(self.model),
+            "rng": training_state.rng_state(),
             **({"inputs": self.feed.state()} if self.feed is not None else {}),
         }
 
@@ -817,18 +828,18 @@ class CheckpointCallback(keras.callbacks.Callback):
             "format": "split" if self.manager.job is not None else "trainable" if self.save_trainable_only
             else "weights" if self.save_weights_only else "keras",
             "backend": keras.backend.backend(),
-            "optimizer": keras_io.optimizer_summary(self.model),
+            "optimizer": training_state.optimizer_summary(self.model),
             # your own callbacks' get_state() may be large: state.json holds it, the manifest does not
             "callbacks": {k: v for k, v in callback_states.items() if user_state.STATE_KEY not in v},
         }
         if self.save_trainable_only:  # the base model the run trains on (cached: no second pass)
             summary["frozen"] = trainable.fingerprint(self.model).to_json()
-        return keras_io.jsonable(summary)
+        return state_file.jsonable(summary)
 
     # ------------------------------------------------------------------ checks
 
     def _chief(self) -> bool:
-        return keras_io.is_chief(self.model, self.strategy)
+        return topology.is_chief(self.model, self.strategy)
 
     def _every_process_writes(self) -> None:
         """#36: a model split across the processes of a multi-host job: every process saves its part
@@ -856,7 +867,7 @@ class CheckpointCallback(keras.callbacks.Callback):
     def _check_run_folder(self) -> None:
         """Refuse to mix a new training run into a folder that already holds one."""
         restored = self._restored.name if self._restored is not None else None
-        epochs_done = self.manager.check_continues(restored, keras_io.iterations(self.model))
+        epochs_done = self.manager.check_continues(restored, training_state.iterations(self.model))
         if epochs_done is not None:
             self.epochs_done = epochs_done
 

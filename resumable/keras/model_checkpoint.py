@@ -24,7 +24,7 @@ import keras
 from absl import logging as absl_logging
 
 from resumable.core.errors import ResumableError
-from resumable.keras import compat, keras_io, legacy_h5
+from resumable.keras import compat, legacy_h5, model_files, state_file, training_state
 from resumable.keras.model_files import load_model, load_weights, save_model, verify_file
 from resumable.manager.file_writer import FileJob, FileWriter
 from resumable.storage.mounts import check_drive_mounted
@@ -181,11 +181,11 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
                 f"existing directory: {filepath}"
             )
         local = self.staging_dir / f"{os.getpid()}-{next(_counter)}" / legacy_h5.staged_name(target.name)
-        keras_io.save_file(self.model, local, weights_only=bool(self.save_weights_only))
-        floats = keras_io.logs_to_floats(logs)
-        details = keras_io.jsonable({
+        model_files.save_file(self.model, local, weights_only=bool(self.save_weights_only))
+        floats = training_state.logs_to_floats(logs)
+        details = state_file.jsonable({
             "epoch": epoch + 1, "batch": None if batch is None else batch + 1,
-            "step": keras_io.iterations(self.model), "monitor": self.monitor,
+            "step": training_state.iterations(self.model), "monitor": self.monitor,
             "mode": _mode_of(self), "best": None if self.best is None else float(self.best),
             "metrics": floats, "weights_only": bool(self.save_weights_only), "keras": keras.__version__,
             "saved_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

@@ -20,7 +20,10 @@ from typing import Any
 
 import keras
 
-from resumable.keras import keras_io, legacy_h5
+from resumable.keras import legacy_h5
+from resumable.keras.saving import no_tensorflow_import
+from resumable.keras.state_file import jsonable
+from resumable.keras.training_state import iterations
 from resumable.storage.single_file import FileRecord, FileTarget
 
 MODEL_FILE_SUFFIXES = (".keras", ".weights.h5", *legacy_h5.LEGACY_SUFFIXES)
@@ -71,9 +74,9 @@ def save_model(model: keras.Model, filepath: str | os.PathLike[str], *, overwrit
     staging = Path(tempfile.mkdtemp(prefix="resumable-save-"))
     try:
         local = staging / legacy_h5.staged_name(target.name)
-        keras_io.save_file(model, local, **kwargs)
-        details = keras_io.jsonable({
-            "step": keras_io.iterations(model), "weights_only": target.name.endswith(".weights.h5"),
+        save_file(model, local, **kwargs)
+        details = jsonable({
+            "step": iterations(model), "weights_only": target.name.endswith(".weights.h5"),
             "keras": keras.__version__,
             "saved_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         })
@@ -111,7 +114,7 @@ def load_model(filepath: str | os.PathLike[str], *, storage_options: dict[str, A
     own loader drops that state). ``kwargs`` go to Keras.
     """
     path, _ = _local_copy(filepath, storage_options)
-    return keras_io.load_file(path, **kwargs)
+    return load_file(path, **kwargs)
 
 
 def load_weights(model: keras.Model, filepath: str | os.PathLike[str], *,
@@ -122,7 +125,7 @@ def load_weights(model: keras.Model, filepath: str | os.PathLike[str], *,
     ``.weights.h5`` or ``.h5``/``.hdf5`` file back too.
     """
     path, _ = _local_copy(filepath, storage_options)
-    keras_io.load_weights_file(model, path, **kwargs)
+    load_weights_file(model, path, **kwargs)
 
 
 def verify_file(filepath: str | os.PathLike[str], *, storage_options: dict[str, Any] | None = None
@@ -136,3 +139,40 @@ def verify_file(filepath: str | os.PathLike[str], *, storage_options: dict[str, 
 
 
 __all__ = ["MODEL_FILE_SUFFIXES", "load_model", "load_weights", "save_model", "verify_file"]
+
+
+# ------------------------------------------------------------- one local model file, as Keras writes it
+
+
+def save_file(model: keras.Model, path: Path, *, weights_only: bool = False, **kwargs: Any) -> None:
+    """One model file as Keras writes it, by suffix: ``.keras`` (model.save), ``.weights.h5``
+    (save_weights: weights and the optimizer's state once built), ``.h5`` (Keras' legacy HDF5
+    file: the model, or with ``weights_only`` Keras 2's weights file; `legacy_h5`). ``kwargs``
+    go to Keras' save."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.name.endswith(".weights.h5"):
+        model.save_weights(str(path), overwrite=True, **kwargs)
+    elif legacy_h5.is_legacy_name(path.name):
+        legacy_h5.save(model, path, weights_only=weights_only, **kwargs)
+    else:
+        model.save(str(path), overwrite=True, **kwargs)
+
+
+def load_file(path: Path, **kwargs: Any) -> keras.Model:
+    """``keras.saving.load_model`` of one local model file (resumable.load_model); a legacy HDF5
+    file with its optimizer state (`legacy_h5`)."""
+    with no_tensorflow_import():
+        if legacy_h5.is_legacy_name(path.name):
+            return legacy_h5.load_model(path, **kwargs)
+        return keras.saving.load_model(str(path), **kwargs)
+
+
+def load_weights_file(model: keras.Model, path: Path, **kwargs: Any) -> None:
+    """``model.load_weights`` of one local file, the optimizer built first (resumable.load_weights)."""
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is not None and not optimizer.built and model.built:
+        optimizer.build(model.trainable_variables)  # Keras 3 skips optimizer variables otherwise
+    if legacy_h5.is_legacy_name(path.name):
+        legacy_h5.load_weights(model, path, **kwargs)
+    else:
+        model.load_weights(str(path), **kwargs)

@@ -40,7 +40,7 @@ from resumable.core import safe_json
 from resumable.core.display import printable
 from resumable.core.errors import CheckpointMismatchError, CorruptCheckpointError, ResumableError
 from resumable.core.manifest import FileEntry
-from resumable.keras import jax_compat, keras_io, shard_io
+from resumable.keras import jax_compat, loading, saving, shard_io, topology, training_state
 from resumable.keras.snapshot import ARRAYS_FILE, SPACE_MARGIN, STATE_FILE
 from resumable.manager.job_commit import all_gather, gather
 from resumable.manager.run_manager import RunManager
@@ -58,7 +58,7 @@ FORMAT_VERSION = 1
 def split_across_processes(model: keras.Model | None) -> bool:
     """Whether some variable of ``model`` is split over the devices of several processes: then
     no process can save the model alone, and every process writes its part."""
-    if model is None or keras_io.process_count() == 1:
+    if model is None or topology.process_count() == 1:
         return False
     for variable in model.variables:
         value = getattr(variable, "value", None)
@@ -77,7 +77,7 @@ def holds(info: CheckpointInfo | None) -> bool:
 
 def chief_decides(flag: bool) -> bool:
     """Process 0's ``flag`` on every process (a collective: every process calls it at the same step)."""
-    return keras_io.broadcast_from_chief([int(flag)])[0] == 1
+    return topology.broadcast_from_chief([int(flag)])[0] == 1
 
 
 # ----------------------------------------------------------------------------- the job's messages
@@ -95,11 +95,11 @@ class JaxChannel:
 
     @property
     def process_index(self) -> int:
-        return keras_io.process_index()
+        return topology.process_index()
 
     @property
     def process_count(self) -> int:
-        return keras_io.process_count()
+        return topology.process_count()
 
     def put(self, key: str, value: str) -> None:
         jax_compat.put(self._client, self._prefix + key, value)
@@ -183,19 +183,19 @@ def snapshot(model: keras.Model, *, state: dict[str, Any], arrays: dict[str, np.
     Every process takes the shards of replica 0 its devices hold; process 0 also the listing,
     ``state.json`` and the arrays (seed generator states, metrics, callbacks' arrays).
     """
-    index = keras_io.process_index()
+    index = topology.process_index()
     variables = _variables(model)
     shard_io.start_transfers([v.value for v in variables], index)
     owned = [shard_io.take(v.value, index) for v in variables]
     if index != 0:
         return PartSnapshot(False, owned)
-    listing = {"format": FORMAT, "format_version": FORMAT_VERSION, "processes": keras_io.process_count(),
+    listing = {"format": FORMAT, "format_version": FORMAT_VERSION, "processes": topology.process_count(),
                "variables": [{"path": v.path, "shape": list(o.shape), "dtype": o.dtype}
                              for v, o in zip(variables, owned, strict=True)]}
     # Copies: a JAX step may donate the buffers these arrays view.
     held = {key: np.array(value, copy=True)
-            for key, value in {**arrays, **keras_io.seed_generator_arrays(model)}.items()}
-    return PartSnapshot(True, owned, listing, keras_io.checkpoint_state(model, state), held)
+            for key, value in {**arrays, **training_state.seed_generator_arrays(model)}.items()}
+    return PartSnapshot(True, owned, listing, saving.checkpoint_state(model, state), held)
 
 
 def _variables(model: keras.Model) -> list[Any]:
@@ -209,18 +209,21 @@ def _variables(model: keras.Model) -> list[Any]:
 
 
 def load_model(folder: Path, build_model: Callable[[], keras.Model] | None, *, strategy: Any = None,
-               distribution: Any = None, where: str, landed: Any = None) -> keras.Model:
-    """`keras_io.load_model` of a checkpoint whose every file is in ``folder`` (one process resumes
+               distribution: Any = None, where: str, landed: Any = None,
+               reads: loading.ReadOnce | None = None) -> keras.Model:
+    """`loading.load_model` of a checkpoint whose every file is in ``folder`` (one process resumes
     a checkpoint a multi-host job wrote: it holds every part)."""
     check_installed()
-    return keras_io.load_model(folder, build_model, strategy=strategy, distribution=distribution, where=where,
-                               landed=landed, weights=lambda model: read_variables(model, folder, where))
+    return loading.load_model(folder, build_model, strategy=strategy, distribution=distribution, where=where,
+                              landed=landed, weights=lambda model: read_variables(model, folder, where),
+                              reads=reads)
 
 
-def load_into(model: keras.Model, folder: Path, where: str) -> None:
-    """`keras_io.load_into` of such a checkpoint: its variables and seed generator states into ``model``."""
+def load_into(model: keras.Model, folder: Path, where: str, reads: loading.ReadOnce | None = None) -> None:
+    """`loading.load_into` of such a checkpoint: its variables and seed generator states into ``model``."""
     check_installed()
-    keras_io.load_into(model, folder, where, weights=lambda model: read_variables(model, folder, where))
+    loading.load_into(model, folder, where, weights=lambda model: read_variables(model, folder, where),
+                      reads=reads)
 
 
 def read_variables(model: keras.Model, folder: Path, where: str) -> None:
@@ -361,16 +364,18 @@ class JobResume:
         return split
 
     def load_newest(self, build_model: Callable[[], keras.Model] | None, *, distribution: Any,
-                    warn: Callable[[str], None]) -> tuple[CheckpointInfo, Path, keras.Model] | None:
-        """The newest checkpoint every process could read, with its folder and the model; None if none."""
-        return self._newest_loaded(lambda info, folder: self._load(info, folder, build_model, distribution),
-                                   warn)
+                    warn: Callable[[str], None], reads: loading.ReadOnce
+                    ) -> tuple[CheckpointInfo, Path, keras.Model] | None:
+        """The newest checkpoint every process could read, with its folder and the model; None if none.
+        ``reads``: its state.json and arrays.npz, read once (`loading.ReadOnce`)."""
+        return self._newest_loaded(
+            lambda info, folder: self._load(info, folder, build_model, distribution, reads), warn)
 
-    def restore_into(self, model: keras.Model, *, warn: Callable[[str], None]
+    def restore_into(self, model: keras.Model, *, warn: Callable[[str], None], reads: loading.ReadOnce
                      ) -> tuple[CheckpointInfo, Path] | None:
         """`load_newest` for the model ``fit`` was called on (BackupAndRestore): the newest
         checkpoint every process could read, loaded into ``model`` in place; None if none."""
-        found = self._newest_loaded(lambda info, folder: self._load_into(model, info, folder), warn)
+        found = self._newest_loaded(lambda info, folder: self._load_into(model, info, folder, reads), warn)
         return None if found is None else (found[0], found[1])
 
     def _newest_loaded(self, load: Callable[[CheckpointInfo, Path], Any], warn: Callable[[str], None]
@@ -391,12 +396,13 @@ class JobResume:
         return None
 
     def _load(self, info: CheckpointInfo, folder: Path, build_model: Callable[[], keras.Model] | None,
-              distribution: Any) -> keras.Model:
-        return keras_io.load_model(folder, build_model, distribution=distribution, where=info.url,
-                                   weights=self._weights(info, folder))
+              distribution: Any, reads: loading.ReadOnce) -> keras.Model:
+        return loading.load_model(folder, build_model, distribution=distribution, where=info.url,
+                                  weights=self._weights(info, folder), reads=reads)
 
-    def _load_into(self, model: keras.Model, info: CheckpointInfo, folder: Path) -> bool:
-        keras_io.load_into(model, folder, info.url, weights=self._weights(info, folder))
+    def _load_into(self, model: keras.Model, info: CheckpointInfo, folder: Path,
+                   reads: loading.ReadOnce) -> bool:
+        loading.load_into(model, folder, info.url, weights=self._weights(info, folder), reads=reads)
         return True
 
     def _weights(self, info: CheckpointInfo, folder: Path) -> Callable[[keras.Model], None] | None:

@@ -13,7 +13,7 @@ from typing import Any
 
 import keras
 
-from resumable.keras import compat, keras_io, torch_backend
+from resumable.keras import compat, torch_backend, training_state
 
 
 def rest_of_epoch(model: keras.Model, args: tuple[Any, ...], kwargs: dict[str, Any], batch: int,
@@ -87,7 +87,7 @@ def rest_of_epoch(model: keras.Model, args: tuple[Any, ...], kwargs: dict[str, A
             return {**rest, "x": dataset, "shuffle": False, "steps_per_epoch": (total or 0) - batch}
         if backend in ("jax", "numpy"):
             if shuffle:
-                keras_io.set_rng_state({"numpy": epoch_rng["numpy"]} if "numpy" in epoch_rng else {})
+                training_state.set_rng_state({"numpy": epoch_rng["numpy"]} if "numpy" in epoch_rng else {})
             batches = iter(adapter.get_numpy_iterator())
             for _ in range(batch):  # draws the epoch's permutation, then passes the batches done
                 next(batches)

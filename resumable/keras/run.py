@@ -18,12 +18,13 @@ from resumable.core.errors import (
     LeaseLostError,
     ResumableError,
 )
-from resumable.keras import compat, keras_io, multihost, torch_backend
+from resumable.keras import compat, loading, multihost, topology, torch_backend, training_state
 from resumable.keras.callback import CheckpointCallback, Witness
 from resumable.keras.continuity import csv_logs_continued, final_weights
 from resumable.keras.inputs import Feed
 from resumable.keras.interrupts import StopSignals
 from resumable.keras.positioning import rest_of_epoch
+from resumable.keras.restore import restore_checkpoint
 from resumable.manager.run_manager import RunManager
 from resumable.storage import CheckpointInfo
 
@@ -136,7 +137,7 @@ class Run:
         self.callback.strategy = self.strategy
         stops = StopSignals(self.callback)
         try:
-            with stops, keras_io.scope(None, self.distribution), csv_logs_continued(own, self.initial_epoch):
+            with stops, topology.scope(None, self.distribution), csv_logs_continued(own, self.initial_epoch):
                 try:
                     history = self._fit(feed, epochs, everything)
                 except BaseException as e:
@@ -258,7 +259,7 @@ class Run:
         no checkpoint has: go back to the newest checkpoint (or a new model), so no batch is trained twice."""
         if not getattr(self, "_fitted", False):
             return
-        step = keras_io.iterations(self.model)
+        step = training_state.iterations(self.model)
         saved = self.callback._last_saved_step or 0
         if step == saved:
             return
@@ -266,17 +267,13 @@ class Run:
         latest = self.callback.last_checkpoint
         if latest is not None:
             local = self.callback.manager.fetch(latest)
-            if multihost.holds(latest):  # #36: a model split across processes
-                multihost.load_into(self.model, local, latest.url)
-            else:
-                keras_io.load_into(self.model, local, latest.url)
-            self.callback.restore(latest, keras_io.read_state(local), keras_io.read_arrays(local),
-                                  self.callback.manager.damaged)
+            restore_checkpoint(self.callback, latest, local, loading.ReadOnce(), into=self.model,
+                               only_cached=False)  # the cache as it was: a Run's own checkpoints
             self.checkpoint = latest
             where = f"{latest.url} (epoch {latest.epoch}, step {latest.step})"
         elif self.build_model is not None:
-            with keras_io.scope(self.strategy, self.distribution):
-                self.model = keras_io.build(self.build_model)
+            with topology.scope(self.strategy, self.distribution):
+                self.model = loading.build(self.build_model)
             self.callback.epochs_done = 0
             self.callback.history = []
             self.callback.best = self.callback._initial_best
@@ -362,17 +359,16 @@ def resume(
         CheckpointNotFoundError: No checkpoint can be restored and no ``build_model`` was given.
         CheckpointMismatchError: The checkpoint does not fit ``build_model``'s model.
     """
-    keras_io.check_distribution(strategy, distribution)
+    topology.check_distribution(strategy, distribution)
     callback = CheckpointCallback(filepath, **callback_args)
     callback.strategy = strategy
     manager = callback.manager
     callback.warn_if_leased()  # before a download that fit would waste
-    loaded = _load_newest(manager, build_model, strategy, distribution, callback.barrier_timeout)
+    reads = loading.ReadOnce()
+    loaded = _load_newest(manager, build_model, strategy, distribution, callback.barrier_timeout, reads)
     if loaded is not None:
         info, local, model = loaded
-        callback.restore(info, keras_io.read_state(local, info.url), keras_io.read_arrays(local),
-                         manager.damaged)
-        manager.keep_only_cached(info.name)
+        restore_checkpoint(callback, info, local, reads)
         logger.info("resumable: resumed %s at epoch %d, step %d", printable(info.url), info.epoch, info.step)
         _say_if_other_backend(info)
         if info.manifest is not None and info.manifest.batch:
@@ -384,8 +380,8 @@ def resume(
             f"{manager.url}: no checkpoint to resume from; pass build_model=<a function returning "
             "the compiled model> to start the run"
         )
-    with keras_io.scope(strategy, distribution):
-        model = keras_io.build(build_model)
+    with topology.scope(strategy, distribution):
+        model = loading.build(build_model)
     if manager.damaged:
         callback.restore_nothing(manager.damaged)
     return Run(model, callback, None, strategy, distribution, build_model)
@@ -409,9 +405,10 @@ def _say_if_other_backend(info: CheckpointInfo) -> None:
 
 
 def _load_newest(manager: RunManager, build_model: Callable[[], keras.Model] | None, strategy: Any,
-                 distribution: Any, barrier_timeout: float
+                 distribution: Any, barrier_timeout: float, reads: loading.ReadOnce
                  ) -> tuple[CheckpointInfo, Path, keras.Model] | None:
     """The model of the newest checkpoint that loads, with its info and folder; None if none.
+    ``reads``: what is read of each checkpoint's state.json and arrays.npz, kept for its restore.
 
     From a bucket, the weights' shards are loaded as they come down (`RunManager.arriving_newest`):
     one that comes down damaged makes the checkpoint damaged, and the next older one is tried.
@@ -419,26 +416,27 @@ def _load_newest(manager: RunManager, build_model: Callable[[], keras.Model] | N
     def warn(problem: str) -> None:
         warnings.warn(f"resumable: {problem}", stacklevel=5)
 
-    if keras_io.process_count() > 1:  # every process must resume from the one process 0 chose
+    if topology.process_count() > 1:  # every process must resume from the one process 0 chose
         job = multihost.JobResume(manager, timeout=barrier_timeout)  # #36: a model split across processes
         if job.newest_is_split():
-            return job.load_newest(build_model, distribution=distribution, warn=warn)
-        found = _follow_chief(manager, manager.fetch_newest(warn=warn, check=keras_io.check_checkpoint))
+            return job.load_newest(build_model, distribution=distribution, warn=warn, reads=reads)
+        found = _follow_chief(manager, manager.fetch_newest(warn=warn, check=reads.check))
         if found is None:
             return None
         info, local = found
-        return info, local, keras_io.load_model(local, build_model, strategy=strategy,
-                                                distribution=distribution, where=info.url)
-    while (arriving := manager.arriving_newest(warn=warn, check=keras_io.check_checkpoint,
-                                               streamed=keras_io.is_shard)) is not None:
+        return info, local, loading.load_model(local, build_model, strategy=strategy,
+                                               distribution=distribution, where=info.url, reads=reads)
+    while (arriving := manager.arriving_newest(warn=warn, check=reads.check,
+                                               streamed=loading.is_shard)) is not None:
         info, arrival = arriving  # a bad state.json was skipped as damaged
         with arrival:
             try:
-                load = multihost.load_model if multihost.holds(info) else keras_io.load_model  # #36
+                load = multihost.load_model if multihost.holds(info) else loading.load_model  # #36
                 model = load(arrival.folder, build_model, strategy=strategy, distribution=distribution,
-                             where=info.url, landed=arrival.wait_for)
+                             where=info.url, landed=arrival.wait_for, reads=reads)
                 return info, arrival.result(), model
             except CorruptCheckpointError as e:
+                reads.forget(arrival.folder)
                 warn(printable(str(e)))
                 manager.damaged.add(info.name)
     return None
@@ -457,13 +455,13 @@ def _follow_chief(manager: RunManager, found: tuple[CheckpointInfo, Path] | None
     Every process reads the same folder, so they nearly always agree already; this makes sure
     of it (one collective), and a process that saw the folder differently follows process 0.
     """
-    if keras_io.process_count() == 1:
+    if topology.process_count() == 1:
         return found
     ours = _position(found[0] if found else None)
-    chief = keras_io.broadcast_from_chief(ours)
+    chief = topology.broadcast_from_chief(ours)
     if chief == ours:
         return found
-    index = keras_io.process_index()
+    index = topology.process_index()
     if chief[0] < 0:
         logger.warning("resumable: process %d: process 0 found no checkpoint in %s and starts the run anew; "
                        "so does this process", index, manager.url)

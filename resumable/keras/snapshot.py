@@ -2,7 +2,7 @@
 
 Training waits only for `take`: Keras' own traversal of what ``model.save`` would write, each
 variable's value copied to host memory as it goes, and the model's config. `ModelSnapshot.write`
-then writes, in any thread and while training goes on, the files `keras_io.save` documents:
+then writes, in any thread and while training goes on, the files `saving.save` documents:
 ``model.keras`` (or ``model.weights.h5``), ``state.json`` and ``arrays.npz``, which plain
 ``keras.saving.load_model`` and ``model.load_weights`` read. The values are those of the step
 the snapshot was taken at, so a resume from it is as exact as from a synchronous save.

@@ -2,7 +2,7 @@
 
 On torch, ``model.fit`` feeds arrays through a ``torch.utils.data.DataLoader``: each epoch its
 ``RandomSampler`` draws the shuffle's seed, and the loader its workers' base seed, from torch's
-global RNG. That state is saved and restored with Python's and NumPy's (`keras_io.rng_state`),
+global RNG. That state is saved and restored with Python's and NumPy's (`training_state.rng_state`),
 and a mid-epoch resume replays the draws of the epoch's start to find its order
 (`positioning.rest_of_epoch`). torch is only touched where it is already imported.
 """

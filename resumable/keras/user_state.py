@@ -120,7 +120,7 @@ def decode(value: Any, depth: int = 0) -> Any:
 
 
 def _skip(name: str, why: str) -> None:
-    # as a stock callback's bad field is skipped (keras_io.restore_callback_states)
+    # as a stock callback's bad field is skipped (training_state.restore_callback_states)
     logger.warning("resumable: not restoring the state of %s: %s", printable(name), printable(why))
 
 

@@ -8,7 +8,10 @@ big write's checksum is kept with its place in the file, small writes (headers, 
 records) are kept in memory until the file closes, and the pieces' checksums are joined in file
 order (`checksum.combine`); a hole HDF5 never wrote reads as zeros and is checksummed as such.
 Only a big write later cut by another would need its surviving bytes read back (`reread`
-counts them; the tests hold it at zero for every file a checkpoint writes).
+counts them; the tests hold it at zero for every file a checkpoint writes). A big write is
+hashed in a second thread while this one writes it (zlib's CRC-32 and the write both let go of
+the GIL): the last save of a ``fit``, which training waits for, takes the longer of the two, not
+their sum.
 
 `WrittenFiles` creates the files of one folder (exclusive creates, never through a link below
 a run folder's root) and hands back each file's size and CRC32C for the manifest.
@@ -21,6 +24,7 @@ import io
 import os
 import zlib
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +39,18 @@ _ZEROS = bytes(2**20)
 _PIECE = 2**20  # bytes copied at a time to be hashed
 
 Buffer = bytes | bytearray | memoryview  # what is written: any bytes-like
+
+_hashers: dict[int, ThreadPoolExecutor] = {}
+
+
+def _hasher() -> ThreadPoolExecutor:
+    """The thread that hashes big writes beside the one writing them, shared by every file (a
+    save writes one file at a time). One per process: a forked child has none of its parent's
+    threads."""
+    pid = os.getpid()
+    if pid not in _hashers:
+        _hashers[pid] = ThreadPoolExecutor(max_workers=1, thread_name_prefix="resumable-hash")
+    return _hashers[pid]
 
 
 def _crc(poly: int, data: Buffer, crc: int = 0) -> int:
@@ -120,17 +136,25 @@ class ChecksummedFile(io.RawIOBase):
         if not size:
             return 0
         start = self._pos
-        written = 0
-        while written < size:
-            written += os.pwrite(self._fd, view[written:], start + written)
         if size >= SMALL_WRITE:
             polys = (CRC32C_POLY, CRC32_POLY) if self.zip_crcs else (CRC32C_POLY,)
-            self._place(_Piece(start, start + size, crcs={poly: _crc(poly, view) for poly in polys}))
+            hashed = _hasher().submit(lambda: {poly: _crc(poly, view) for poly in polys})
+            try:
+                self._write_at(view, start)
+            finally:  # the caller may reuse its buffer once this returns: the hash is done first
+                crcs = hashed.result()
+            self._place(_Piece(start, start + size, crcs=crcs))
         else:
+            self._write_at(view, start)
             self._place(_Piece(start, start + size, data=bytes(view)))
         self._pos = start + size
         self._size = max(self._size, self._pos)
         return size
+
+    def _write_at(self, view: memoryview, start: int) -> None:
+        written = 0
+        while written < len(view):
+            written += os.pwrite(self._fd, view[written:], start + written)
 
     def truncate(self, size: int | None = None) -> int:
         size = self._pos if size is None else size

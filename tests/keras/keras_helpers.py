@@ -1,7 +1,9 @@
-"""What the Keras tests share: comparing weights, and running the drop-in job in a process of its own."""
+"""What the Keras tests share: comparing weights, a small model, rewriting a committed file, and
+running the drop-in job in a process of its own."""
 
 from __future__ import annotations
 
+import json
 import signal
 from pathlib import Path
 from typing import Any
@@ -9,6 +11,10 @@ from typing import Any
 import numpy as np
 from forked import run_job
 from paths import JOBS
+
+from resumable.core.checksum import crc32c_of_file
+from resumable.core.manifest import MANIFEST_NAME
+from resumable.storage import run_index
 
 
 def same_weights(a: Any, b: Any) -> bool:
@@ -48,3 +54,25 @@ def dropin_job(kind: str, url: str, *extra: str, killed: bool = False) -> str:
     else:
         assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     return done.stdout + done.stderr
+
+
+def small_model(dropout: float = 0.0) -> Any:
+    """A compiled regression model on 8 features (Dense 4, Dense 1; Adam, mse), the same at each
+    call; ``dropout`` puts a Dropout (a seed generator) between them."""
+    import keras
+
+    keras.utils.set_random_seed(3)
+    middle = [keras.layers.Dropout(dropout)] if dropout else []
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4, activation="relu"), *middle,
+                              keras.layers.Dense(1)])
+    model.compile(optimizer="adam", loss="mse")
+    return model
+
+
+def replace_payload_file(run: Path, rel: str, data: bytes, name: str = "ckpt-000002") -> None:
+    """Rewrite a committed file and its manifest entry, as a writer that controls both could."""
+    (run / name / rel).write_bytes(data)
+    manifest = json.loads((run / name / MANIFEST_NAME).read_text())
+    manifest["files"][rel] = {"size": len(data), "crc32c": crc32c_of_file(run / name / rel)}
+    (run / name / MANIFEST_NAME).write_text(json.dumps(manifest))
+    (run / run_index.INDEX_NAME).unlink(missing_ok=True)  # the index recorded the old sizes

@@ -26,7 +26,7 @@ from keras.src.backend.common import global_state  # noqa: E402
 from keras.src.trainers.data_adapters import array_data_adapter, array_slicing  # noqa: E402
 from keras.src.utils import module_utils  # noqa: E402
 
-from resumable.keras import compat, keras_io, positioning, trainable  # noqa: E402
+from resumable.keras import compat, positioning, trainable, training_state  # noqa: E402
 
 X = np.arange(48, dtype="float32").reshape(12, 4)
 Y = np.arange(12, dtype="float32").reshape(12, 1)
@@ -35,16 +35,16 @@ Y = np.arange(12, dtype="float32").reshape(12, 1)
 @pytest.fixture(autouse=True)
 def fresh_probes() -> Iterator[None]:
     """Each test probes anew, and leaves the probes to find the real Keras again (monkeypatch undone)."""
-    probes: list[Any] = [compat._lazy_tensorflow, compat._seed_generator_api, compat.array_adapters,
-                         compat._warn_once, compat.snapshots_work, compat.sharding_works,
-                         compat._loading_works]
+    probes: list[Any] = [compat.global_state._lazy_tensorflow, compat.global_state._seed_generator_api,
+                         compat.array_adapters, compat.messages.warn_once, compat.snapshots_work,
+                         compat.sharding_works, compat.loading._loading_works]
     for probe in probes:
         probe.cache_clear()
-    compat._snapshot_failure.clear()
+    compat.saving._snapshot_failure.clear()
     yield
     for probe in probes:
         probe.cache_clear()
-    compat._snapshot_failure.clear()
+    compat.saving._snapshot_failure.clear()
 
 
 def small_model() -> Any:
@@ -84,7 +84,7 @@ def test_tensorflow_unavailable_without_the_internal_does_nothing(monkeypatch: p
     monkeypatch.delattr(lazy, "_available")
     with compat.tensorflow_unavailable():
         assert "_available" not in vars(lazy)  # not recreated: Keras is left as it is
-    assert compat._lazy_tensorflow() is None
+    assert compat.global_state._lazy_tensorflow() is None
 
 
 SAVE_ON_JAX = """
@@ -93,10 +93,10 @@ import keras
 if sys.argv[1] == "gone":  # a Keras without the lazy module resumable probes
     from keras.src.utils import module_utils
     del module_utils.tensorflow
-from resumable.keras import keras_io
+from resumable.keras import saving
 model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
 model.compile(optimizer="adam", loss="mse")
-keras_io.save(model, pathlib.Path(tempfile.mkdtemp()), weights_only=False, state={})
+saving.save(model, pathlib.Path(tempfile.mkdtemp()), weights_only=False, state={})
 print("tensorflow imported:", "tensorflow" in sys.modules)
 """
 
@@ -129,11 +129,11 @@ def test_global_seed_generator_is_the_one_unseeded_ops_draw_from() -> None:
 def test_rng_state_carries_unseeded_keras_random_ops() -> None:
     keras.utils.set_random_seed(7)
     keras.random.uniform((2,))
-    state = keras_io.rng_state()
+    state = training_state.rng_state()
     assert "keras" in state
     first = keras.ops.convert_to_numpy(keras.random.uniform((4,)))
     keras.random.uniform((4,))
-    keras_io.set_rng_state(state)
+    training_state.set_rng_state(state)
     assert np.array_equal(keras.ops.convert_to_numpy(keras.random.uniform((4,))), first)
 
 
@@ -145,7 +145,7 @@ def test_global_seed_generator_without_the_internal_is_none_and_says_so_once(
     with caplog.at_level(logging.WARNING, logger="resumable"):
         assert compat.global_seed_generator() is None
         assert compat.global_seed_generator(create=True) is None
-        assert "keras" not in keras_io.rng_state()
+        assert "keras" not in training_state.rng_state()
     warned = [r.getMessage() for r in caplog.records if "SeedGenerator" in r.getMessage()]
     assert len(warned) == 1 and keras.__version__ in warned[0] and "\n" not in warned[0]
 
@@ -240,7 +240,7 @@ def test_without_the_layer_internals_trainable_only_holds_every_float_non_traina
 ) -> None:
     model = fine_tune_model()
     # Keras itself reads the attribute: a later Keras would have renamed it, not removed it.
-    monkeypatch.setattr(compat, "_OWN_NON_TRAINABLE", "_renamed_in_a_later_keras")
+    monkeypatch.setattr(compat.variables, "_OWN_NON_TRAINABLE", "_renamed_in_a_later_keras")
     with caplog.at_level(logging.WARNING, logger="resumable"):
         assert compat.trained_non_trainable_variables(model) is None
         assert compat.trained_non_trainable_variables(model) is None
@@ -279,15 +279,15 @@ def one_line_naming_keras(messages: list[str]) -> bool:
 
 
 def test_the_probes_find_this_keras_behaving() -> None:
-    assert compat.snapshots_work() and compat._loading_works()
+    assert compat.snapshots_work() and compat.loading._loading_works()
     assert compat.sharding_works() == compat.can_shard()
 
 
 def test_a_writer_that_loses_a_value_fails_the_probe_once(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    fill = compat._fill
-    monkeypatch.setattr(compat, "_fill", lambda store, values: fill(store, values[:-1]))
+    fill = compat.stores._fill
+    monkeypatch.setattr(compat.stores, "_fill", lambda store, values: fill(store, values[:-1]))
     with caplog.at_level(logging.WARNING, logger="resumable"):
         assert compat.snapshots_work() is False
         assert compat.saved_values(small_model(), np.array, None) is None
@@ -309,7 +309,7 @@ def test_a_store_that_reads_back_other_values_fails_the_loading_probe(
 
     monkeypatch.setattr(saving_lib.H5IOStore, "__init__", init)
     with caplog.at_level(logging.WARNING, logger="resumable"):
-        assert compat._loading_works() is False
+        assert compat.loading._loading_works() is False
         assert compat.load_weights_from(small_model(), object()) is False
     assert one_line_naming_keras(said(caplog, "loaded with load_weights and load_model"))
 

@@ -18,14 +18,12 @@ from typing import Any
 
 import numpy as np
 import pytest
+from keras_helpers import replace_payload_file, small_model
 
 import resumable
 from resumable import RunStorage
-from resumable.core.checksum import crc32c_of_file
-from resumable.core.manifest import MANIFEST_NAME
-from resumable.keras import checkpoint_reading, keras_io
+from resumable.keras import checkpoint_reading, snapshot, training_state
 from resumable.keras.trainable import TRAINABLE_FILE
-from resumable.storage import run_index
 
 keras = pytest.importorskip("keras")
 
@@ -38,11 +36,7 @@ FIT: dict[str, Any] = {"batch_size": 32, "shuffle": False, "verbose": 0, "valida
 
 
 def make_model() -> Any:
-    keras.utils.set_random_seed(3)
-    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4, activation="relu"),
-                              keras.layers.Dropout(0.1), keras.layers.Dense(1)])
-    model.compile(optimizer="adam", loss="mse")
-    return model
+    return small_model(dropout=0.1)
 
 
 def lora_model() -> Any:
@@ -73,15 +67,6 @@ def trainable_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def copy_of(run: Path, tmp_path: Path) -> Path:
     shutil.copytree(run, tmp_path / "run")
     return tmp_path / "run"
-
-
-def replace_payload_file(run: Path, rel: str, data: bytes, name: str = "ckpt-000002") -> None:
-    """Rewrite a committed file and its manifest entry, as a writer that controls both could."""
-    (run / name / rel).write_bytes(data)
-    manifest = json.loads((run / name / MANIFEST_NAME).read_text())
-    manifest["files"][rel] = {"size": len(data), "crc32c": crc32c_of_file(run / name / rel)}
-    (run / name / MANIFEST_NAME).write_text(json.dumps(manifest))
-    (run / run_index.INDEX_NAME).unlink(missing_ok=True)  # the index recorded the old sizes
 
 
 def npz_bytes(**arrays: Any) -> bytes:
@@ -145,7 +130,7 @@ def test_resume_falls_back_past_a_hostile_arrays_file(full_run: Path, tmp_path: 
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(checkpoint_reading, "SLACK", 2**20)  # an 8 MB bomb stands for a 1 GB one
     url = copy_of(full_run, tmp_path)
-    replace_payload_file(url, keras_io.ARRAYS_FILE, data())
+    replace_payload_file(url, snapshot.ARRAYS_FILE, data())
     run = resumed_with_one_warning(url, make_model, expected)
     run.fit(X, Y, epochs=3, **FIT)  # the damaged one is replaced, the run goes on
     good = [i.name for i in RunStorage(str(url)).list() if i.ok]
@@ -182,10 +167,10 @@ OS_SYSTEM = {"module": "os", "class_name": "system", "config": {"name": "evil"},
 def test_resume_without_build_model_falls_back_past_what_safe_mode_refuses(
         full_run: Path, tmp_path: Path, layer: dict[str, Any], expected: str) -> None:
     url = copy_of(full_run, tmp_path)
-    model_file = url / "ckpt-000002" / keras_io.MODEL_FILE
+    model_file = url / "ckpt-000002" / snapshot.MODEL_FILE
     with zipfile.ZipFile(model_file) as archive:
         config = json.loads(archive.read("config.json"))
-    replace_payload_file(url, keras_io.MODEL_FILE, rewritten_keras(model_file, **{
+    replace_payload_file(url, snapshot.MODEL_FILE, rewritten_keras(model_file, **{
         "config.json": with_layer(config, layer)}))
     run = resumed_with_one_warning(url, None, expected)
     assert run.model.count_params() == make_model().count_params()
@@ -193,12 +178,12 @@ def test_resume_without_build_model_falls_back_past_what_safe_mode_refuses(
 
 def test_a_model_file_that_is_no_zip_or_holds_no_hdf5_falls_back(full_run: Path, tmp_path: Path) -> None:
     url = copy_of(full_run, tmp_path)
-    replace_payload_file(url, keras_io.MODEL_FILE, b"garbage" * 100)
+    replace_payload_file(url, snapshot.MODEL_FILE, b"garbage" * 100)
     resumed_with_one_warning(url, make_model, "model.keras is not a zip archive")
     url = copy_of(full_run, tmp_path / "second")
-    model_file = url / "ckpt-000002" / keras_io.MODEL_FILE
-    replace_payload_file(url, keras_io.MODEL_FILE, rewritten_keras(model_file, **{
-        keras_io.WEIGHTS_FILE: b"\0" * 4096}))
+    model_file = url / "ckpt-000002" / snapshot.MODEL_FILE
+    replace_payload_file(url, snapshot.MODEL_FILE, rewritten_keras(model_file, **{
+        snapshot.WEIGHTS_FILE: b"\0" * 4096}))
     resumed_with_one_warning(url, None, "model.keras's model.weights.h5 cannot be read (OSError")
 
 
@@ -222,12 +207,12 @@ def test_resume_falls_back_past_a_hostile_trainable_file(trainable_run: Path, tm
         arrays = {key: data[key] for key in data.files}
     replace_payload_file(url, TRAINABLE_FILE, npz_bytes(**change(arrays)))
     run = resumed_with_one_warning(url, lora_model, expected)
-    assert keras_io.iterations(run.model) == 2  # ckpt-000001's two steps, loaded
+    assert training_state.iterations(run.model) == 2  # ckpt-000001's two steps, loaded
 
 
 def test_backup_and_restore_falls_back_past_a_hostile_arrays_file(full_run: Path, tmp_path: Path) -> None:
     url = copy_of(full_run, tmp_path)
-    replace_payload_file(url, keras_io.ARRAYS_FILE, object_array())
+    replace_payload_file(url, snapshot.ARRAYS_FILE, object_array())
     model = make_model()
     backup = resumable.BackupAndRestore(str(url), delete_checkpoint=False, async_upload=False)
     with pytest.warns(UserWarning, match="ckpt-000002: arrays.npz holds 'seed_generators/0' of dtype object"):

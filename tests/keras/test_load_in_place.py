@@ -15,6 +15,7 @@ pytestmark = pytest.mark.lanes
 keras = pytest.importorskip("keras")
 
 from resumable.keras import compat  # noqa: E402
+from resumable.keras.compat import in_place  # noqa: E402
 
 IN_PLACE = keras.backend.backend() in ("tensorflow", "jax")
 
@@ -48,7 +49,7 @@ def test_loading_in_place_gives_the_saved_values_bit_for_bit(
         slice_bytes: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """With slices far smaller than a variable (64 bytes: several rows of a kernel at a time on
     TensorFlow), the values, optimizer state included, are those saved."""
-    monkeypatch.setattr(compat, "SLICE_BYTES", slice_bytes)
+    monkeypatch.setattr(in_place, "SLICE_BYTES", slice_bytes)
     saved = trained_model(3)
     saved.save_weights(str(tmp_path / "model.weights.h5"))
     loaded = trained_model(4)
@@ -58,7 +59,8 @@ def test_loading_in_place_gives_the_saved_values_bit_for_bit(
     pairs = list(zip(saved.variables + saved.optimizer.variables,
                      loaded.variables + loaded.optimizer.variables, strict=True))
     for before, after in pairs:
-        assert np.array_equal(keras.ops.convert_to_numpy(before), keras.ops.convert_to_numpy(after)), before.path
+        before_value, after_value = keras.ops.convert_to_numpy(before), keras.ops.convert_to_numpy(after)
+        assert np.array_equal(before_value, after_value), before.path
     assert not any(overridden(loaded))
 
 

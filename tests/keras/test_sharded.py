@@ -88,7 +88,7 @@ def test_weights_over_the_limit_go_to_shards_each_checked(tmp_path: Path) -> Non
 @pytest.mark.skipif(SHARDS, reason="this Keras writes shards (test_weights_over_the_limit...)")
 def test_a_keras_that_cannot_shard_writes_one_file_that_plain_keras_reads(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    compat._warn_once.cache_clear()
+    compat.messages.warn_once.cache_clear()
     compat.sharding_works.cache_clear()
     with caplog.at_level("WARNING", logger="resumable"):
         run = resumable.resume(str(tmp_path / "run"), build_model=build, monitor="loss", max_shard_size=TINY)

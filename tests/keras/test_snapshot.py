@@ -14,9 +14,14 @@ from paths import JOBS
 
 import resumable
 from resumable.core.checksum import crc32c_of_file
-from resumable.keras import compat, keras_io, snapshot
+from resumable.core.manifest import KERAS_PAYLOADS
+from resumable.keras import compat, saving, snapshot
 
 JOB = JOBS / "snapshot_job.py"
+
+
+def test_the_core_knows_the_keras_side_s_model_files() -> None:
+    assert set(KERAS_PAYLOADS) == {snapshot.MODEL_FILE, snapshot.WEIGHTS_FILE}
 
 
 @pytest.mark.parametrize("backend", ["tensorflow", "jax"])
@@ -43,7 +48,7 @@ def test_a_snapshot_writes_what_model_save_writes(tmp_path: Path) -> None:
     x = np.random.default_rng(1).normal(size=(32, 4)).astype("float32")
     model.fit(x, x[:, :1], epochs=1, verbose=0)
     model.save(tmp_path / "plain.keras")
-    taken = keras_io.snapshot(model, weights_only=False, state={})
+    taken = saving.snapshot(model, weights_only=False, state={})
     assert taken is not None and taken.nbytes > 0
     taken.write(tmp_path / "snap")
     ours = keras.saving.load_model(tmp_path / "snap" / "model.keras")
@@ -119,7 +124,7 @@ def make_big_model() -> keras.Model:
 
 # A Keras whose HDF5 store cannot write into our file object (3.8, 3.9) writes the weights to a
 # temporary file, read back and copied in: twice (docs/runtimes.md). Every newer one: once, never read.
-ONCE = compat._store_into_file() is not None
+ONCE = compat.stores._store_into_file() is not None
 WRITES, READS = (1.01, 0.0) if ONCE else (2.02, 1.01)
 
 
@@ -129,9 +134,9 @@ def test_each_byte_is_written_once_and_never_read_back(tmp_path: Path, kind: str
     model = make_big_model()
 
     def take() -> snapshot.ModelSnapshot:
-        taken = keras_io.snapshot(model, weights_only=kind == "weights", state={"epoch": 1},
-                                  arrays={"seen": np.arange(4)},
-                                  max_shard_size=0.004 if kind == "shards" else None)
+        taken = saving.snapshot(model, weights_only=kind == "weights", state={"epoch": 1},
+                                arrays={"seen": np.arange(4)},
+                                max_shard_size=0.004 if kind == "shards" else None)
         assert taken is not None
         return taken
 

@@ -98,7 +98,7 @@ def test_resume_without_build_model_reads_the_weights_and_assets_in_place(
     vocabulary), as keras.saving.load_model gives them, read from a window onto the member."""
     import keras
 
-    from resumable.keras import compat, keras_io
+    from resumable.keras import compat, loading, saving
 
     lookup = keras.layers.StringLookup(name="lookup")
     lookup.adapt(np.array(["cat", "dog", "emu", "dog"]))  # an adapted vocabulary is saved as an asset
@@ -108,7 +108,7 @@ def test_resume_without_build_model_reads_the_weights_and_assets_in_place(
     model = keras.Model(inputs, outputs)
     model.compile(optimizer=keras.optimizers.Adam(3e-3), loss="mse")
     model.optimizer.build(model.trainable_variables)
-    keras_io.save(model, tmp_path / "ckpt", weights_only=False, state={})
+    saving.save(model, tmp_path / "ckpt", weights_only=False, state={})
     archives: list[object] = []
     original = compat.load_keras_archive
 
@@ -117,7 +117,7 @@ def test_resume_without_build_model_reads_the_weights_and_assets_in_place(
         return original(archive, weights)
 
     monkeypatch.setattr(compat, "load_keras_archive", load_keras_archive)
-    ours = keras_io.load_model(tmp_path / "ckpt", None, where="ckpt")
+    ours = loading.load_model(tmp_path / "ckpt", None, where="ckpt")
     theirs = keras.saving.load_model(tmp_path / "ckpt" / "model.keras")
     assert len(archives) == 1 and isinstance(archives[0], zip_member.MemberWindow)
     with zipfile.ZipFile(tmp_path / "ckpt" / "model.keras") as archive:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import time
 import zlib
 from pathlib import Path
 
@@ -80,3 +81,43 @@ def test_entries_refuse_while_a_file_is_open(tmp_path: Path) -> None:
         _ = files.entries
     file.close()
     assert files.entries["a.bin"].size == 0
+
+
+def test_a_buffer_reused_as_soon_as_write_returns_was_checksummed_as_written(tmp_path: Path) -> None:
+    """Big writes are hashed in another thread while they are written: `write` returns only once
+    both are done, so a caller refilling its buffer at once (as HDF5 does) changes nothing."""
+    files = WrittenFiles(tmp_path)
+    buffer = bytearray(8 * SMALL_WRITE)
+    with files.create("reused.bin") as file:
+        for i in range(64):
+            buffer[:] = bytes([i]) * len(buffer)
+            file.write(buffer)
+            buffer[:] = b"\xff" * len(buffer)  # what a hash still running would see
+    assert files.entries["reused.bin"].crc32c == crc32c_of_file(tmp_path / "reused.bin")
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork")
+def test_a_forked_child_hashes_big_writes_too(tmp_path: Path) -> None:
+    """A child forked after the parent hashed (a fork server's jobs) has none of its threads:
+    it starts its own instead of waiting on one that does not exist."""
+    data = os.urandom(4 * SMALL_WRITE)
+    parent = WrittenFiles(tmp_path / "parent")
+    parent.write_bytes("big.bin", data)
+    pid = os.fork()
+    if pid == 0:  # the child: exit 0 with the right checksum; a hang is killed below
+        try:
+            child = WrittenFiles(tmp_path / "child")
+            child.write_bytes("big.bin", data)
+            os._exit(0 if child.entries["big.bin"] == parent.entries["big.bin"] else 1)
+        finally:
+            os._exit(2)
+    for _ in range(300):
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        pytest.fail("the forked child's write hung")
+    assert os.waitstatus_to_exitcode(status) == 0

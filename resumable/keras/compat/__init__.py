@@ -1,0 +1,78 @@
+"""The Keras internals resumable relies on, reached from here only.
+
+Keras exports no API for these. Each is probed once per process; when a Keras version lacks it
+or it does not behave as resumable needs, resumable falls back to Keras' public API or to what
+plain Keras does, and says so once in one line naming the Keras version (`messages`): an
+unknown Keras costs exactness or speed, never a save or a resume. Callers write
+``from resumable.keras import compat`` and ``compat.<name>``. Every internal reached, by module:
+
+- `global_state`: ``keras.src.utils.module_utils.tensorflow._available`` (the lazy TensorFlow
+  module's cached answer); ``keras.src.backend.common.global_state.get_global_attribute``,
+  ``keras.src.random.seed_generator.global_seed_generator`` and ``GLOBAL_SEED_GENERATOR``.
+- `fit`: ``keras.src.trainers.data_adapters``' ``array_data_adapter.ArrayDataAdapter`` (its
+  ``get_tf_dataset``, ``get_numpy_iterator``, ``get_torch_dataloader``), ``can_convert_arrays``,
+  ``array_slicing.train_validation_split``; the ``keras.callbacks.CallbackList`` and ``x`` in
+  ``fit``'s frame; ``Trainer._symbolic_build(data_batch=...)``; ``Trainer._initial_epoch``.
+- `callbacks`: ``keras.callbacks.TensorBoard._global_train_batch``, ``_global_test_batch``,
+  ``_writers``; ``keras.callbacks.ModelCheckpoint._save_model``, ``_get_file_path``,
+  ``_should_save_model`` (Keras 3.10+; before, its decision is made here as those versions
+  make it), ``monitor_op``, ``best`` (the methods' parameters are checked).
+- `variables` (trainable-only checkpoints and LoRA): ``Layer._layers``, ``_flatten_layers``,
+  ``_trainable_variables``, ``_non_trainable_variables``.
+- `saving_lib`, `stores`, `saving` (snapshots written in the background), `loading` (fast
+  loads) and `probing`: ``keras.src.saving.saving_lib``'s ``_save_state``, ``_load_state``,
+  ``_raise_loading_failure``, ``_serialize_model_as_json``, ``_model_from_config``,
+  ``H5IOStore`` (``make``, ``__setitem__``, ``_get_h5_file``; an entry object from ``make`` in
+  Keras 3.8 and 3.9), ``ShardedH5IOStore`` (``_get_h5_file``), ``DiskIOStore``;
+  ``keras.src.saving.keras_saveable.KerasSaveable`` (the probes' saveable); an optimizer's
+  ``save_own_variables`` stood in for during a snapshot. Probed by round trips of a tiny
+  saveable (`snapshots_work`, `sharding_works`, `loading._loading_works`), not by names alone.
+- `in_place` (a load a variable at a time): each variable's ``assign``, overridden on the
+  variable itself for one load, its ``_value``, ``_dtype`` and ``_layout``;
+  ``keras.src.backend.common.stateless_scope.in_stateless_scope``.
+- `legacy_h5` (Keras 2's HDF5 files): ``keras.src.legacy.saving.legacy_h5_format``'s
+  ``save_weights_to_hdf5_group`` and ``save_optimizer_weights_to_hdf5_group``;
+  ``Model._compile_config``.
+"""
+
+from resumable.keras.compat.callbacks import (
+    TENSORBOARD_COUNTERS,
+    flush_tensorboard,
+    model_checkpoint_internals,
+    should_save_model,
+)
+from resumable.keras.compat.fit import (
+    ArrayAdapters,
+    array_adapters,
+    build_for_fit,
+    running_fit_callbacks,
+    running_fit_input,
+    set_fit_initial_epoch,
+)
+from resumable.keras.compat.global_state import global_seed_generator, tensorflow_unavailable
+from resumable.keras.compat.in_place import assigned_in_place
+from resumable.keras.compat.legacy_h5 import (
+    can_write_legacy_weights,
+    compile_config_kept,
+    write_legacy_weights,
+)
+from resumable.keras.compat.loading import (
+    load_keras_archive,
+    load_sharded_weights,
+    load_unzipped_model,
+    load_weights_from,
+    sharding_works,
+)
+from resumable.keras.compat.messages import unsupported
+from resumable.keras.compat.saving import can_shard, model_json, saved_values, snapshots_work
+from resumable.keras.compat.stores import SavedValue, write_sharded_weights, write_weights
+from resumable.keras.compat.variables import lora_layer_variables, trained_non_trainable_variables
+
+__all__ = ["array_adapters", "ArrayAdapters", "assigned_in_place", "build_for_fit", "can_shard",
+           "can_write_legacy_weights", "compile_config_kept", "flush_tensorboard", "global_seed_generator",
+           "load_keras_archive", "load_sharded_weights", "load_unzipped_model", "load_weights_from",
+           "lora_layer_variables", "model_checkpoint_internals", "model_json", "running_fit_callbacks",
+           "running_fit_input", "saved_values", "SavedValue", "set_fit_initial_epoch", "sharding_works",
+           "should_save_model", "snapshots_work", "TENSORBOARD_COUNTERS", "tensorflow_unavailable",
+           "trained_non_trainable_variables", "unsupported", "write_legacy_weights",
+           "write_sharded_weights", "write_weights"]

@@ -1,0 +1,120 @@
+"""What ``model.fit`` keeps to itself: its array data adapter, the callbacks and ``x`` of the
+running fit (from its frame), its first-batch build and the epoch it starts at.
+
+Reaches ``keras.src.trainers.data_adapters`` (``array_data_adapter.ArrayDataAdapter``,
+``can_convert_arrays``, ``array_slicing.train_validation_split``), the
+``keras.callbacks.CallbackList`` and ``x`` in ``fit``'s frame, ``Trainer._symbolic_build`` and
+``Trainer._initial_epoch``.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from types import ModuleType
+from typing import Any, NamedTuple
+
+import keras
+
+from resumable.keras.compat.messages import logger, unsupported
+
+
+class ArrayAdapters(NamedTuple):
+    """Keras' private modules that turn ``fit``'s array arguments into batches."""
+
+    array_data_adapter: ModuleType
+    array_slicing: ModuleType
+
+
+@functools.cache
+def array_adapters() -> ArrayAdapters | None:
+    """Keras' array data adapter, to replay ``fit``'s batch order of NumPy arrays; None if unknown.
+
+    Uses ``keras.src.trainers.data_adapters.array_data_adapter`` (``ArrayDataAdapter``, with the
+    ``num_batches``, ``get_tf_dataset`` and ``get_numpy_iterator`` every Keras DataAdapter has,
+    and ``can_convert_arrays``) and ``array_slicing.train_validation_split``.
+    Without any of them, returns None: a mid-epoch checkpoint of arrays then restarts its
+    epoch from the first batch.
+    """
+    try:
+        from keras.src.trainers.data_adapters import array_data_adapter, array_slicing
+
+        # Reading what positioning uses raises AttributeError now rather than mid-resume.
+        _ = (array_data_adapter.ArrayDataAdapter, array_data_adapter.can_convert_arrays,
+             array_slicing.train_validation_split)
+        return ArrayAdapters(array_data_adapter, array_slicing)
+    except Exception:  # noqa: BLE001 - moved or renamed in this Keras version
+        pass
+    logger.debug("%s", unsupported("keras.src.trainers.data_adapters"))
+    return None
+
+
+def running_fit_callbacks(callback: keras.callbacks.Callback) -> list[keras.callbacks.Callback]:
+    """The callbacks of the ``model.fit`` running ``callback``, in order; ``[callback]`` if not found.
+
+    Keras does not tell a callback about its siblings: ``fit`` keeps them in a local
+    ``keras.callbacks.CallbackList``, found here by walking the caller's stack frames. A Keras
+    whose ``fit`` stops doing so (or a loop calling callbacks itself) gives ``[callback]``: the
+    states of the other callbacks (EarlyStopping's patience) are then not carried over.
+    """
+    frame = inspect.currentframe()
+    try:
+        while frame is not None:
+            for value in frame.f_locals.values():
+                if isinstance(value, keras.callbacks.CallbackList) and callback in value.callbacks:
+                    return list(value.callbacks)
+            frame = frame.f_back
+    finally:
+        del frame  # a frame reference would keep every local of the stack alive
+    return [callback]
+
+
+def build_for_fit(model: keras.Model, batch: Any) -> bool:
+    """Build what ``model.fit`` would build from its first batch (the model, its compiled metrics
+    and loss, the optimizer), from ``batch`` (arrays, or tensor specs: only shapes and dtypes
+    are read). False when this Keras has no ``Trainer._symbolic_build(data_batch=...)``.
+
+    On JAX and torch, ``fit`` reads a batch of the epoch to build them when they are not
+    built; with a PyDataset's workers that read leaves Keras' queue a batch behind for the whole
+    fit (each epoch gets the previous epoch's last batch first), and from a stream it takes a
+    batch the run never trains on. Building first, as ``fit`` would, avoids that read.
+    """
+    build = getattr(model, "_symbolic_build", None)
+    try:
+        if build is None or "data_batch" not in inspect.signature(build).parameters:
+            raise AttributeError("_symbolic_build")
+    except (AttributeError, TypeError, ValueError):
+        logger.debug("%s", unsupported("Trainer._symbolic_build(data_batch=...)"))
+        return False
+    build(data_batch=batch)
+    return True
+
+
+def running_fit_input(callback: keras.callbacks.Callback) -> Any:
+    """The ``x`` of the ``model.fit`` running ``callback`` (found as `running_fit_callbacks` finds
+    its callbacks: the ``fit`` frame holding them); None if not found."""
+    frame = inspect.currentframe()
+    try:
+        while frame is not None:
+            values = frame.f_locals
+            if "x" in values and any(isinstance(v, keras.callbacks.CallbackList) and callback in v.callbacks
+                                     for v in values.values()):
+                return values["x"]
+            frame = frame.f_back
+    finally:
+        del frame
+    return None
+
+
+def set_fit_initial_epoch(model: keras.Model, epoch: int | None) -> None:
+    """Make the next ``model.fit`` start at ``epoch`` (None: at its ``initial_epoch`` argument).
+
+    Uses ``Trainer._initial_epoch``, which ``fit`` reads after ``on_train_begin`` (as Keras'
+    BackupAndRestore sets it). Raises ResumableError with one line when this Keras lacks it.
+    """
+    if "_initial_epoch" not in vars(model):
+        from resumable.core.errors import ResumableError
+
+        raise ResumableError(unsupported("keras.Model._initial_epoch (how BackupAndRestore sets fit's epoch)")
+                             + "; use resumable.resume() and run.fit instead")
+    model._initial_epoch = epoch
