@@ -18,23 +18,25 @@ import numpy as np
 
 from resumable.storage import heap
 
-SLICE_BYTES = 16 * 2**20  # a TensorFlow variable bigger than this is written in slices of it
+GIVE_BACK_BYTES = 16 * 2**20  # read between two gives of the heap's freed memory back to the system
 
 
 @contextlib.contextmanager
 def assigned_in_place(model: Any) -> Iterator[None]:
-    """While a load of weights into ``model`` runs: each of its variables (its optimizer's
+    """While a load of weights into ``model`` runs on JAX: each of its variables (its optimizer's
     included) assigned a value read from the weights file (a NumPy array; an h5py dataset in
-    Keras 3.8 and 3.9) costs that value beside the model, not also a second copy. On
-    TensorFlow a value bigger than ``SLICE_BYTES`` goes into the variable's own buffer in
-    slices of that size (Keras' assign converts it to a whole tensor first); on JAX, whose
-    arrays cannot be written in place, the variable's old array is let go before Keras' assign
-    makes the new one. After each ``SLICE_BYTES`` read, the heap's freed memory is given back
-    (`heap.give_back`). Each variable's ``assign`` is overridden on the variable itself, for the
-    load only: other models, other threads' variables and other values (a distributed variable,
-    a dtype or shape that differs, a stateless scope) take Keras' own ``assign``, as do the
-    other backends."""
-    if keras.backend.backend() not in ("tensorflow", "jax") or not _stateless_scope_known():
+    Keras 3.8 and 3.9) costs that value beside the model, not also a second copy: JAX arrays
+    cannot be written in place, so the variable's old array is let go before Keras' assign
+    makes the new one, and the copy is waited for before the next value is read. After each
+    ``GIVE_BACK_BYTES`` read, the heap's freed memory is given back (`heap.give_back`). Each
+    variable's ``assign`` is overridden on the variable itself, for the load only: other
+    models, other threads' variables and other values (a distributed variable, a dtype or
+    shape that differs, a stateless scope) take Keras' own ``assign``.
+
+    Other backends load as Keras does. On TensorFlow a model of ordinary variables already
+    peaks at about 1.1x the checkpoint; writing a big variable's value into its buffer in
+    slices saved 58 MB of a 287 MB checkpoint's resume and made it twice as slow."""
+    if keras.backend.backend() != "jax" or not _stateless_scope_known():
         yield
         return
     overridden = []
@@ -60,23 +62,19 @@ def _variables_of(model: Any) -> list[Any]:
 
 
 def _assign_in_place(variable: Any, value: Any) -> Any:
-    if _plain_value(variable, value):
-        _read_since_given_back[0] += value.nbytes
-        if _read_since_given_back[0] >= SLICE_BYTES:
-            _read_since_given_back[0] = 0
-            heap.give_back()
-        backend = keras.backend.backend()
-        if backend == "tensorflow" and value.nbytes > SLICE_BYTES and _assign_tensorflow(variable, value):
-            return variable.value
-        if backend == "jax" and isinstance(getattr(variable, "_value", None), _jax_array()):
-            # Its array is replaced whole: freed now (unless held elsewhere), before the new one
-            # exists, not after. Meanwhile it reads as not yet initialized, as Keras' own do.
-            variable._value = None
-            assigned = type(variable).assign(variable, value)
-            # The copy runs asynchronously, holding the value read: done before the next read.
-            getattr(variable._value, "block_until_ready", lambda: None)()
-            return assigned
-    return type(variable).assign(variable, value)
+    if not _plain_value(variable, value) or not isinstance(getattr(variable, "_value", None), _jax_array()):
+        return type(variable).assign(variable, value)
+    _read_since_given_back[0] += value.nbytes
+    if _read_since_given_back[0] >= GIVE_BACK_BYTES:
+        _read_since_given_back[0] = 0
+        heap.give_back()
+    # Its array is replaced whole: freed now (unless held elsewhere), before the new one
+    # exists, not after. Meanwhile it reads as not yet initialized, as Keras' own do.
+    variable._value = None
+    assigned = type(variable).assign(variable, value)
+    # The copy runs asynchronously, holding the value read: done before the next read.
+    getattr(variable._value, "block_until_ready", lambda: None)()
+    return assigned
 
 
 @functools.cache
@@ -107,17 +105,3 @@ def _jax_array() -> type:
     import jax
 
     return jax.Array
-
-
-def _assign_tensorflow(variable: Any, value: Any) -> bool:
-    """``value`` into a TensorFlow variable's buffer, rows of at most ``SLICE_BYTES`` at a time
-    (read from the file as they go when it is a dataset). False for a variable that is not a
-    plain resource variable (a distributed one), or a scalar."""
-    target: Any = getattr(variable, "_value", None)
-    if type(target).__name__ != "ResourceVariable" or not value.shape:
-        return False
-    row = max(1, value.nbytes // max(1, value.shape[0]))
-    rows = max(1, SLICE_BYTES // row)
-    for start in range(0, value.shape[0], rows):
-        target[start:start + rows].assign(np.asarray(value[start:start + rows]))
-    return True
