@@ -276,15 +276,18 @@ def _weights_file(folder: Path, layout: dict[str, Any] | None, where: str) -> Pa
 
 def _load_weights(model: keras.Model, weights_file: Path, layout: dict[str, Any] | None, where: str,
                   target: str, landed: Landed = _here) -> None:
-    """The checkpoint's weights and optimizer state into ``model`` (built, its optimizer checked)."""
+    """The checkpoint's weights and optimizer state into ``model`` (built, its optimizer checked),
+    a variable at a time, each costing no more than its value beside the model
+    (`compat.assigned_in_place`)."""
     if layout is not None:
-        trainable.load(model, weights_file.parent, layout, where)
+        with compat.assigned_in_place(model):
+            trainable.load(model, weights_file.parent, layout, where)
         return
     optimizer = getattr(model, "optimizer", None)
     if optimizer is not None and not optimizer.built:
         # Keras 3 skips optimizer variables in load_weights unless the optimizer exists.
         optimizer.build(model.trainable_variables)
-    with checkpoint_reading.refusals(where, weights_file.name):  # h5py or zip refusing the file
+    with checkpoint_reading.refusals(where, weights_file.name), compat.assigned_in_place(model):
         try:
             _load_keras_weights(model, weights_file, landed, where)
         except ValueError as e:  # Keras: the file's variables are not the model's

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import fsspec.asyn
 
 from resumable.core.errors import StorageError
-from resumable.storage import retry
+from resumable.storage import heap, retry
 
 T = TypeVar("T")
 
@@ -87,6 +87,7 @@ async def get_file_in_slices(fs: Any, path: str, local: str, size: int, *, piece
             raise
     finally:
         os.close(fd)
+        heap.give_back()  # the pieces' buffers: the load that follows needs the memory
 
 
 # gcsfs' request methods wrapped in its retry decorator (`decorator` keeps the bare one in

@@ -27,6 +27,9 @@ unknown Keras costs exactness or speed, never a save or a resume. Callers write
   ``keras.src.saving.keras_saveable.KerasSaveable`` (the probes' saveable); an optimizer's
   ``save_own_variables`` stood in for during a snapshot. Probed by round trips of a tiny
   saveable (`snapshots_work`, `sharding_works`, `loading._loading_works`), not by names alone.
+- `in_place` (a load a variable at a time): each variable's ``assign``, overridden on the
+  variable itself for one load, its ``_value``, ``_dtype`` and ``_layout``;
+  ``keras.src.backend.common.stateless_scope.in_stateless_scope``.
 - `legacy_h5` (Keras 2's HDF5 files): ``keras.src.legacy.saving.legacy_h5_format``'s
   ``save_weights_to_hdf5_group`` and ``save_optimizer_weights_to_hdf5_group``;
   ``Model._compile_config``.
@@ -47,6 +50,7 @@ from resumable.keras.compat.fit import (
     set_fit_initial_epoch,
 )
 from resumable.keras.compat.global_state import global_seed_generator, tensorflow_unavailable
+from resumable.keras.compat.in_place import assigned_in_place
 from resumable.keras.compat.legacy_h5 import (
     can_write_legacy_weights,
     compile_config_kept,
@@ -64,11 +68,11 @@ from resumable.keras.compat.saving import can_shard, model_json, saved_values, s
 from resumable.keras.compat.stores import SavedValue, write_sharded_weights, write_weights
 from resumable.keras.compat.variables import lora_layer_variables, trained_non_trainable_variables
 
-__all__ = ["array_adapters", "ArrayAdapters", "build_for_fit", "can_shard", "can_write_legacy_weights",
-           "compile_config_kept", "flush_tensorboard", "global_seed_generator", "load_keras_archive",
-           "load_sharded_weights", "load_unzipped_model", "load_weights_from", "lora_layer_variables",
-           "model_checkpoint_internals", "model_json", "running_fit_callbacks", "running_fit_input",
-           "saved_values", "SavedValue", "set_fit_initial_epoch", "sharding_works", "should_save_model",
-           "snapshots_work", "TENSORBOARD_COUNTERS", "tensorflow_unavailable",
-           "trained_non_trainable_variables", "unsupported", "write_legacy_weights", "write_sharded_weights",
-           "write_weights"]
+__all__ = ["array_adapters", "ArrayAdapters", "assigned_in_place", "build_for_fit", "can_shard",
+           "can_write_legacy_weights", "compile_config_kept", "flush_tensorboard", "global_seed_generator",
+           "load_keras_archive", "load_sharded_weights", "load_unzipped_model", "load_weights_from",
+           "lora_layer_variables", "model_checkpoint_internals", "model_json", "running_fit_callbacks",
+           "running_fit_input", "saved_values", "SavedValue", "set_fit_initial_epoch", "sharding_works",
+           "should_save_model", "snapshots_work", "TENSORBOARD_COUNTERS", "tensorflow_unavailable",
+           "trained_non_trainable_variables", "unsupported", "write_legacy_weights",
+           "write_sharded_weights", "write_weights"]

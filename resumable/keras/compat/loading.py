@@ -18,6 +18,7 @@ from typing import Any
 
 import keras
 
+from resumable.keras.compat.in_place import assigned_in_place
 from resumable.keras.compat.probing import probe, probe_class
 from resumable.keras.compat.saving_lib import keras_saving_lib, sharded_store
 from resumable.keras.compat.stores import new_recorder, write_sharded_weights
@@ -102,12 +103,15 @@ def _waiting_store(landed: Callable[[str], object]) -> type:
 
 
 def _load_into(saving_lib: ModuleType, model: Any, weights_store: Any, assets_store: Any) -> None:
-    """Keras' ``_load_state`` of the stores into ``model`` (closed after), failures raised as Keras does."""
+    """Keras' ``_load_state`` of the stores into ``model`` (closed after), failures raised as Keras
+    does; each variable assigned in place (`in_place.assigned_in_place`)."""
     failed: set[int] = set()
     errors: dict[int, Any] = {}
     try:
-        saving_lib._load_state(model, weights_store=weights_store, assets_store=assets_store, inner_path="",
-                               visited_saveables=set(), failed_saveables=failed, error_msgs=errors)
+        with assigned_in_place(model):
+            saving_lib._load_state(model, weights_store=weights_store, assets_store=assets_store,
+                                   inner_path="", visited_saveables=set(), failed_saveables=failed,
+                                   error_msgs=errors)
     finally:
         weights_store.close()
         if assets_store is not None:
