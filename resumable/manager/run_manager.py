@@ -22,7 +22,6 @@ import functools
 import hashlib
 import logging
 import shutil
-import sys
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -41,6 +40,7 @@ from resumable.core.manifest import FileEntry, Manifest
 from resumable.core.naming import DEFAULT_TEMPLATE, check_name
 from resumable.core.policy import Decision, Retention, plan
 from resumable.manager.arrival import Arrival
+from resumable.manager.background import wait_at_exit
 from resumable.manager.job_commit import DEFAULT_BARRIER_TIMEOUT, JobChannel, JobCommit
 from resumable.manager.uploader import Uploader
 from resumable.storage import CheckpointInfo, RunStorage
@@ -315,12 +315,11 @@ class RunManager:
             raise
         self.release()
 
-    def _finish_uploads_at_exit(self) -> None:
-        pending = self.uploader.pending
-        if pending:
-            print(f"resumable: finishing the upload of {', '.join(pending)} to {self.url} before "
-                  "exiting ...", file=sys.stderr, flush=True)
-            self.uploader.wait(message=False)
+    @staticmethod
+    def _finish_uploads_at_exit() -> None:
+        """The lease's exit hook runs before the workers' one: the uploads land before it is released.
+        It is the workers' exit hook itself, run once, whichever hook comes first."""
+        wait_at_exit()
 
     def _commit(self, staging: Path, name: str, manifest: Manifest) -> CheckpointInfo:
         self._renew_before_commit(name)
