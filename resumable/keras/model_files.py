@@ -21,7 +21,7 @@ from typing import Any
 import keras
 
 from resumable.keras import keras_io, legacy_h5
-from resumable.storage.single_file import FileRecord, FileTarget
+from resumable.manager.storage_names import FileRecord, FileTarget
 
 MODEL_FILE_SUFFIXES = (".keras", ".weights.h5", *legacy_h5.LEGACY_SUFFIXES)
 

@@ -21,6 +21,7 @@ import contextlib
 import functools
 import hashlib
 import logging
+import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -451,6 +452,21 @@ class RunManager:
                 left = batch[done + 1:]
         next(shown, None)  # past the last one: the bar closes
         return deleted
+
+    def delete_every_checkpoint(self) -> None:
+        """Delete every checkpoint, then the run index (BackupAndRestore's ``delete_checkpoint``).
+
+        Each delete goes through the storage's fenced path: the lease is read afresh first, and
+        nothing is deleted once another process took the run over. A local run folder left
+        empty is removed too (files of others in it are let be).
+        """
+        for info in self.storage.list(check_files=False):
+            self.storage.delete(info)
+        self.last_checkpoint = None
+        self.storage.delete_index()
+        if self.storage.is_local:
+            with contextlib.suppress(OSError):
+                os.rmdir(self.storage.root)  # only when empty
 
     def apply_retention(self) -> None:
         """After a commit: delete what ``retention`` drops, never the checkpoint just committed."""
