@@ -24,9 +24,7 @@ from resumable.keras import compat, loading, multihost, snapshot
 from resumable.keras.callback import CheckpointCallback
 from resumable.keras.restore import restore_checkpoint
 from resumable.manager.job_commit import DEFAULT_BARRIER_TIMEOUT
-from resumable.storage import CheckpointInfo
-from resumable.storage.lease import DEFAULT_TIMEOUT
-from resumable.storage.run_index import INDEX_NAME
+from resumable.manager.storage_names import DEFAULT_TIMEOUT, CheckpointInfo
 
 logger = logging.getLogger("resumable")
 
@@ -217,15 +215,6 @@ class BackupAndRestore(CheckpointCallback):
 
     def delete_backup(self) -> None:
         """Delete every backup, then the folder when nothing else is in it (Keras deletes the folder)."""
-        storage = self.storage
-        for info in storage.list(check_files=False):
-            storage.delete(info)
-        self.manager.last_checkpoint = None
-        fs, root = storage.fs, storage.root
-        with contextlib.suppress(FileNotFoundError):
-            fs.rm_file(f"{root}/{INDEX_NAME}")
-        if storage.is_local:
-            with contextlib.suppress(OSError):
-                os.rmdir(root)  # only when empty: files of others in it are let be
+        self.manager.delete_every_checkpoint()  # each delete, the index's included, after the lease check
 
 __all__ = ["BackupAndRestore"]

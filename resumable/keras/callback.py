@@ -38,10 +38,15 @@ from resumable.keras import (
 from resumable.keras.inputs import Feed, describe, plain_fit_problem
 from resumable.manager.job_commit import DEFAULT_BARRIER_TIMEOUT
 from resumable.manager.run_manager import RunManager
+from resumable.manager.storage_names import (
+    DEFAULT_TIMEOUT,
+    NO_SPACE_ERRNOS,
+    CheckpointInfo,
+    RunStorage,
+    check_timeout,
+    free_space,
+)
 from resumable.manager.uploader import check_when_behind
-from resumable.storage import CheckpointInfo, RunStorage
-from resumable.storage.errors import NO_SPACE_ERRNOS, free_space
-from resumable.storage.lease import DEFAULT_TIMEOUT, check_timeout
 
 logger = logging.getLogger("resumable")
 

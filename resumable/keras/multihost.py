@@ -44,7 +44,7 @@ from resumable.keras import jax_compat, loading, saving, shard_io, topology, tra
 from resumable.keras.snapshot import ARRAYS_FILE, SPACE_MARGIN, STATE_FILE
 from resumable.manager.job_commit import all_gather, gather
 from resumable.manager.run_manager import RunManager
-from resumable.storage import CheckpointInfo
+from resumable.manager.storage_names import CheckpointInfo
 
 logger = logging.getLogger("resumable")
 

@@ -26,7 +26,7 @@ from resumable.keras.interrupts import StopSignals
 from resumable.keras.positioning import rest_of_epoch
 from resumable.keras.restore import restore_checkpoint
 from resumable.manager.run_manager import RunManager
-from resumable.storage import CheckpointInfo
+from resumable.manager.storage_names import CheckpointInfo
 
 logger = logging.getLogger("resumable")
 

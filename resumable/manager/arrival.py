@@ -10,10 +10,11 @@ ever handed out.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from types import TracebackType
+
+from resumable.manager.background import Worker
 
 Fetch = Callable[[Callable[[str], None]], Path]  # fetch(landed) -> the folder, all files checked
 
@@ -31,12 +32,11 @@ class Arrival:
         self._first = set(files) - set(streamed)
         self._landed: set[str] = set()
         self._done = False
-        self._error: BaseException | None = None
         self._closing = False
-        self._changed = threading.Condition()
-        self._thread = threading.Thread(target=self._run, args=(fetch,), name="resumable-arrival",
-                                        daemon=True)
-        self._thread.start()
+        # One job, the fetch; the worker keeps its error. Not waited for at exit: nothing is lost.
+        self._worker: Worker[Fetch] = Worker("resumable-arrival", self._run)
+        self._changed = self._worker.cond
+        self._worker.submit(fetch)
 
     @classmethod
     def already_here(cls, folder: Path) -> Arrival:
@@ -62,15 +62,17 @@ class Arrival:
     def _wait(self, ready: Callable[[], bool]) -> None:
         """Until ``ready()``; raises the fetch's error if it failed first."""
         with self._changed:
-            self._changed.wait_for(lambda: ready() or self._done or self._error is not None)
-            if not ready() and self._error is not None:
-                raise self._error
+            self._changed.wait_for(lambda: ready() or self._done or self._worker.error is not None)
+            error = self._worker.error
+            if not ready() and error is not None:
+                raise error
 
     def close(self) -> None:
         """Stop after the file being fetched now, and wait for that."""
         with self._changed:
             self._closing = True
-        self._thread.join()
+        with self._changed:  # the fetch's error is its waiters', not close()'s
+            self._changed.wait_for(self._worker.idle)
 
     def __enter__(self) -> Arrival:
         return self
@@ -80,18 +82,11 @@ class Arrival:
         self.close()
 
     def _run(self, fetch: Fetch) -> None:
+        """In the worker thread; what it raises, the worker keeps for the waiting thread."""
         try:
             fetch(self._land)
         except _Closed:
-            with self._changed:
-                self._error = RuntimeError("closed before all files came down")
-                self._changed.notify_all()
-            return
-        except BaseException as e:  # noqa: BLE001 - handed to the waiting thread
-            with self._changed:
-                self._error = e
-                self._changed.notify_all()
-            return
+            raise RuntimeError("closed before all files came down") from None
         with self._changed:
             self._done = True
             self._changed.notify_all()

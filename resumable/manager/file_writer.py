@@ -4,25 +4,23 @@ One file in flight and one waiting. A newer save of the same file replaces the w
 would be overwritten anyway); a save of another file while one waits blocks until the slot is
 free, so no file Keras would have written is dropped and the staging folder holds at most three
 files. A failed landing is retried with backoff by the storage layer; if it still fails it is
-warned about at once and raised by the next `wait` (the end of ``fit``). At interpreter exit
-the pending files land first.
+warned about at once, and the first such failure is raised by the next `wait` (the end of
+``fit``). At interpreter exit the pending files land first (`background.Worker`).
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import logging
 import sys
-import threading
 import warnings
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from resumable.core.errors import ResumableError
+from resumable.manager.background import Worker
 from resumable.storage.single_file import FileRecord, FileTarget
 
 logger = logging.getLogger("resumable")
@@ -43,66 +41,52 @@ class FileWriter:
 
     def __init__(self, *, background: bool = True) -> None:
         self.background = background
-        self._cond = threading.Condition()
-        self._in_flight: FileJob | None = None
-        self._waiting: FileJob | None = None
-        self._error: BaseException | None = None
-        self._thread: threading.Thread | None = None
+        self._worker: Worker[FileJob] = Worker("resumable-file-writer", self._land_staged,
+                                               at_exit=self._wait_at_exit)
         self.landed: list[str] = []  # URLs landed, in order
-        _live.add(self)
 
     @property
     def pending(self) -> list[str]:
-        with self._cond:
-            return [j.target.url for j in (self._in_flight, self._waiting) if j is not None]
+        worker = self._worker
+        with worker.cond:
+            return [j.target.url for j in (worker.in_flight, worker.waiting) if j is not None]
 
     def submit(self, job: FileJob) -> None:
         """Land ``job``; in the background unless ``background=False`` (then errors raise here)."""
         if not self.background:
             self._land(job)
             return
-        with self._cond:
-            while self._waiting is not None and self._waiting.target.url != job.target.url:
-                self._cond.wait()  # one waiting at most: training waits for the slot
-            if self._waiting is not None:
-                _drop(self._waiting)  # the same file, saved again: the newer one wins
-            self._waiting = job
-            self._cond.notify_all()
-            if self._thread is None or not self._thread.is_alive():
-                _register_exit_hook()
-                self._thread = threading.Thread(target=self._work, name="resumable-file-writer", daemon=True)
-                self._thread.start()
+        # One waiting at most: training waits for the slot, unless the same file is saved again
+        # (the newer one wins).
+        replaced = self._worker.submit(job, replaces=lambda waiting: waiting.target.url == job.target.url)
+        if replaced is not None:
+            _drop(replaced)
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Block until every submitted file landed; raise the last failure. False on timeout."""
-        with self._cond:
-            done = self._cond.wait_for(lambda: self._in_flight is None and self._waiting is None, timeout)
-            error, self._error = self._error, None
-        if error is not None:
-            raise ResumableError(f"resumable: could not write a checkpoint file: {error}") from error
-        return done
+        """Block until every submitted file landed; raise the first failure. False on timeout."""
+        return self._worker.join(timeout)
 
-    def _work(self) -> None:
-        while True:
-            with self._cond:
-                if self._waiting is None:
-                    self._thread = None
-                    self._cond.notify_all()
-                    return
-                job, self._waiting = self._waiting, None
-                self._in_flight = job
-                self._cond.notify_all()
-            try:
-                self._land(job)
-            except BaseException as e:  # noqa: BLE001 - reported by wait(), warned now
-                warnings.warn(f"resumable: could not write {job.target.url}: {e}", stacklevel=1)
-                with self._cond:
-                    self._error = e
-            finally:
-                _drop(job)
-                with self._cond:
-                    self._in_flight = None
-                    self._cond.notify_all()
+    def _wait_at_exit(self) -> None:
+        """At interpreter exit, the files still pending land first."""
+        pending = self.pending
+        if not pending:
+            return
+        print(f"resumable: finishing the upload of {', '.join(pending)} before exiting ...",
+              file=sys.stderr, flush=True)
+        try:
+            self.wait()
+        except Exception as e:  # noqa: BLE001 - exiting anyway
+            print(f"resumable: {e}", file=sys.stderr)
+
+    def _land_staged(self, job: FileJob) -> None:
+        """In the worker thread: a failure is warned about now and raised by the next wait()."""
+        try:
+            self._land(job)
+        except BaseException as e:
+            warnings.warn(f"resumable: could not write {job.target.url}: {e}", stacklevel=1)
+            raise ResumableError(f"resumable: could not write a checkpoint file: {e}") from e
+        finally:
+            _drop(job)
 
     def _land(self, job: FileJob) -> None:
         try:
@@ -121,31 +105,6 @@ def _drop(job: FileJob) -> None:
         job.local.unlink()
     with contextlib.suppress(OSError):
         job.local.parent.rmdir()
-
-
-_live: weakref.WeakSet[FileWriter] = weakref.WeakSet()
-_hook_registered = False
-
-
-def _register_exit_hook() -> None:
-    global _hook_registered
-    if not _hook_registered:
-        _hook_registered = True
-        atexit.register(_wait_at_exit)
-
-
-def _wait_at_exit() -> None:
-    """At interpreter exit, the files still pending land first."""
-    for writer in list(_live):
-        pending = writer.pending
-        if not pending:
-            continue
-        print(f"resumable: finishing the upload of {', '.join(pending)} before exiting ...",
-              file=sys.stderr, flush=True)
-        try:
-            writer.wait()
-        except Exception as e:  # noqa: BLE001 - exiting anyway
-            print(f"resumable: {e}", file=sys.stderr)
 
 
 __all__ = ["FileJob", "FileWriter"]

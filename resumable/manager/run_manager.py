@@ -21,8 +21,8 @@ import contextlib
 import functools
 import hashlib
 import logging
+import os
 import shutil
-import sys
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -41,6 +41,7 @@ from resumable.core.manifest import FileEntry, Manifest
 from resumable.core.naming import DEFAULT_TEMPLATE, check_name
 from resumable.core.policy import Decision, Retention, plan
 from resumable.manager.arrival import Arrival
+from resumable.manager.background import wait_at_exit
 from resumable.manager.job_commit import DEFAULT_BARRIER_TIMEOUT, JobChannel, JobCommit
 from resumable.manager.uploader import Uploader
 from resumable.storage import CheckpointInfo, RunStorage
@@ -315,12 +316,11 @@ class RunManager:
             raise
         self.release()
 
-    def _finish_uploads_at_exit(self) -> None:
-        pending = self.uploader.pending
-        if pending:
-            print(f"resumable: finishing the upload of {', '.join(pending)} to {self.url} before "
-                  "exiting ...", file=sys.stderr, flush=True)
-            self.uploader.wait(message=False)
+    @staticmethod
+    def _finish_uploads_at_exit() -> None:
+        """The lease's exit hook runs before the workers' one: the uploads land before it is released.
+        It is the workers' exit hook itself, run once, whichever hook comes first."""
+        wait_at_exit()
 
     def _commit(self, staging: Path, name: str, manifest: Manifest) -> CheckpointInfo:
         self._renew_before_commit(name)
@@ -452,6 +452,21 @@ class RunManager:
                 left = batch[done + 1:]
         next(shown, None)  # past the last one: the bar closes
         return deleted
+
+    def delete_every_checkpoint(self) -> None:
+        """Delete every checkpoint, then the run index (BackupAndRestore's ``delete_checkpoint``).
+
+        Each delete goes through the storage's fenced path: the lease is read afresh first, and
+        nothing is deleted once another process took the run over. A local run folder left
+        empty is removed too (files of others in it are let be).
+        """
+        for info in self.storage.list(check_files=False):
+            self.storage.delete(info)
+        self.last_checkpoint = None
+        self.storage.delete_index()
+        if self.storage.is_local:
+            with contextlib.suppress(OSError):
+                os.rmdir(self.storage.root)  # only when empty
 
     def apply_retention(self) -> None:
         """After a commit: delete what ``retention`` drops, never the checkpoint just committed."""

@@ -17,7 +17,6 @@ with a message.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import logging
 import shutil
@@ -25,13 +24,13 @@ import sys
 import threading
 import time
 import warnings
-import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from resumable.core.errors import LeaseLostError
 from resumable.core.manifest import Manifest
+from resumable.manager.background import Worker
 from resumable.storage import CheckpointInfo, RunStorage
 
 logger = logging.getLogger("resumable")
@@ -118,9 +117,10 @@ class Uploader:
         self._on_commit = on_commit
         self.cache_dir = cache_dir
         self.verbose = verbose
-        self._cond = threading.Condition()
-        self._in_flight: UploadJob | None = None
-        self._waiting: UploadJob | None = None
+        # The worker thread runs one job at a time; its lock guards this uploader's state too.
+        self._worker: Worker[UploadJob] = Worker("resumable-uploader", self._upload, first=self._retry_first,
+                                                 at_exit=self._wait_at_exit)
+        self._cond = self._worker.cond
         self._failed: UploadJob | None = None  # kept on disk; retried by the next submit or wait
         self._error: BaseException | None = None  # why _failed failed
         self._lost: LeaseLostError | None = None  # a job dropped: the lease was lost; wait() raises it once
@@ -129,29 +129,32 @@ class Uploader:
         self.retry_failed = True
         self._given_up: BaseException | None = None  # such a dropped job's error: wait() raises it once
         self._retry = False  # the worker is to try _failed again
-        self._thread: threading.Thread | None = None
         self._closed = False
         self._unpaused = threading.Event()
         self._unpaused.set()
         self._cache_lock = threading.Lock()  # the worker fills cache_dir, the caller may empty it
         self.committed: list[str] = []  # names committed by this uploader, in order
         self.replaced: list[str] = []  # names dropped because a newer job replaced them
-        _live.add(self)
 
     def __repr__(self) -> str:
         return f"Uploader({self.storage.url!r}, pending={self.pending})"
 
     @property
+    def _thread(self) -> threading.Thread | None:
+        return self._worker.thread
+
+    @property
     def pending(self) -> list[str]:
         """Names not yet committed: in flight, waiting, failed."""
         with self._cond:
-            jobs = (self._in_flight, self._waiting, self._failed)
+            jobs = (self._worker.in_flight, self._worker.waiting, self._failed)
             return [j.name for j in jobs if j is not None]
 
     def in_progress(self, name: str) -> bool:
         """True while a job named ``name`` is in flight or waiting."""
         with self._cond:
-            return any(j is not None and j.name == name for j in (self._in_flight, self._waiting))
+            jobs = (self._worker.in_flight, self._worker.waiting)
+            return any(j is not None and j.name == name for j in jobs)
 
     def submit(self, staged: Path, name: str, manifest: Manifest, *,
                write: Callable[[Path, str | None], object] | None = None,
@@ -170,22 +173,21 @@ class Uploader:
         with self._cond:
             if self._closed:
                 raise RuntimeError("Uploader.submit after close()")
-            if self.when_behind == "wait" and self._waiting is not None and self._waiting.name != name:
+            worker = self._worker
+            if self.when_behind == "wait" and worker.waiting is not None and worker.waiting.name != name:
                 logger.info("resumable: %s waits for the upload of %s (when_behind='wait')", name,
-                            self._waiting.name)
-                self._cond.wait_for(lambda: self._waiting is None or self._closed)
+                            worker.waiting.name)
+                self._cond.wait_for(lambda: worker.waiting is None or self._closed)
                 if self._closed:
                     raise RuntimeError("Uploader.submit after close()")
-            dropped = self._waiting
-            in_flight = self._in_flight
-            self._waiting = job
+            in_flight = worker.in_flight
             if self._failed is not None and self._failed.name == name:
                 if self._failed.staged != job.staged:
                     self._drop(self._failed)
                 self._failed = None
                 self._error = None
-            self._ensure_thread()
-            self._cond.notify_all()
+            self._retry = self._failed is not None
+            dropped = worker.submit(job)  # the lock is held: the worker takes nothing before this is done
         if dropped is not None:
             if dropped.staged != job.staged:
                 self._drop(dropped)
@@ -239,7 +241,7 @@ class Uploader:
 
     def between_chunks(self) -> None:
         """Called by the upload before each chunk: waits while `paused` holds it (worker thread only)."""
-        if threading.current_thread() is self._thread:
+        if self._worker.in_worker():
             self._unpaused.wait(PAUSE_LIMIT)
 
     def commit_now(self, staged: Path, name: str, manifest: Manifest, *,
@@ -263,16 +265,17 @@ class Uploader:
         ``message`` prints what is waited for; defaults to ``verbose``.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
+        worker = self._worker
         with self._cond:
-            if self._failed is not None and self._waiting is None and self._in_flight is None:
-                self._ensure_thread()
-                self._cond.notify_all()  # the worker retries the failed job
-            names = [j.name for j in (self._in_flight, self._waiting, self._failed) if j is not None]
+            if self._failed is not None and worker.waiting is None and worker.in_flight is None:
+                self._retry = True
+                worker.wake()  # the worker retries the failed job
+            names = [j.name for j in (worker.in_flight, worker.waiting, self._failed) if j is not None]
             if names and (self.verbose if message is None else message):
                 print(f"resumable: waiting for the upload of {', '.join(names)} to {self.storage.url} ...",
                       file=sys.stderr, flush=True)
             started = time.monotonic()
-            while self._in_flight is not None or self._waiting is not None or self._retry_pending():
+            while worker.in_flight is not None or worker.waiting is not None or self._retry_pending():
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     return False
@@ -298,60 +301,49 @@ class Uploader:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
-        _live.discard(self)
+        self._worker.close()
+
+    def _wait_at_exit(self) -> None:
+        """At interpreter exit, let pending uploads finish so the last checkpoint lands."""
+        pending = self.pending
+        if not pending:
+            return
+        print(f"resumable: finishing the upload of {', '.join(pending)} to {self.storage.url} before "
+              "exiting ...", file=sys.stderr, flush=True)
+        started = time.monotonic()
+        try:
+            self.wait(message=False)
+        except Exception as e:
+            print(f"resumable: upload to {self.storage.url} failed at exit: {e}", file=sys.stderr)
+        else:
+            print(f"resumable: uploaded in {time.monotonic() - started:.1f} s", file=sys.stderr, flush=True)
 
     # ----------------------------------------------------------------- the worker
 
     def _retry_pending(self) -> bool:
         return self._failed is not None and self._retry
 
-    def _ensure_thread(self) -> None:
-        self._retry = self._failed is not None
-        _register_exit_hook()
-        if self._thread is None or not self._thread.is_alive():
-            # A daemon thread: the atexit hook waits for it; a non-daemon one would be joined
-            # (silently) before atexit runs, and would keep a notebook kernel's shutdown waiting.
-            self._thread = threading.Thread(target=self._work, name="resumable-uploader", daemon=True)
-            self._thread.start()
-
-    def _next(self) -> UploadJob | None:
-        """Under the lock: wait for a job, move it in flight."""
-        while True:
-            if self._closed and self._waiting is None:
-                return None
-            if self._failed is not None and self._retry:
-                job, self._failed, self._retry = self._failed, None, False
-            elif self._waiting is not None:
-                job, self._waiting = self._waiting, None
-            else:
-                self._cond.wait()
-                continue
-            self._in_flight = job
+    def _retry_first(self) -> UploadJob | None:
+        """Under the lock, before the waiting job: a failed job to try again, once asked to."""
+        if self._failed is not None and self._retry:
+            job, self._failed, self._retry = self._failed, None, False
             return job
+        return None
 
-    def _work(self) -> None:
-        while True:
-            with self._cond:
-                job = self._next()
-            if job is None:
-                return
+    def _upload(self, job: UploadJob) -> None:
+        """One job, in the worker thread: every error is the uploader's to report (never raised)."""
+        try:
+            job.prepare(before=self.drop_cached)  # the old copy goes first: never two on disk
+            info = self._run_commit(job)
+        except BaseException as e:  # reported at the next wait(), never lost
+            self._failed_job(job, e)
+            return
+        self._committed_job(job)
+        if self._on_commit is not None:
             try:
-                try:
-                    job.prepare(before=self.drop_cached)  # the old copy goes first: never two on disk
-                    info = self._run_commit(job)
-                except BaseException as e:  # reported at the next wait(), never lost
-                    self._failed_job(job, e)
-                    continue
-                self._committed_job(job)
-                if self._on_commit is not None:
-                    try:
-                        self._on_commit(info)
-                    except Exception as e:  # the checkpoint is committed; what follows is bookkeeping
-                        warnings.warn(f"resumable: after committing {job.name}: {e}", stacklevel=1)
-            finally:
-                with self._cond:
-                    self._in_flight = None
-                    self._cond.notify_all()
+                self._on_commit(info)
+            except Exception as e:  # the checkpoint is committed; what follows is bookkeeping
+                warnings.warn(f"resumable: after committing {job.name}: {e}", stacklevel=1)
 
     def _run_commit(self, job: UploadJob) -> CheckpointInfo:
         if job.in_place is not None:
@@ -445,35 +437,6 @@ def _describe(job: UploadJob) -> str:
 
 def _key(job: UploadJob) -> tuple[int, int]:
     return (job.manifest.epoch, job.manifest.step)
-
-
-_live: weakref.WeakSet[Uploader] = weakref.WeakSet()
-_hook_registered = False
-
-
-def _register_exit_hook() -> None:
-    """Register at the first upload, not at import: atexit runs hooks last-in first-out, and
-    ours must run before the hooks that close gcsfs' HTTP sessions (weakref finalizers)."""
-    global _hook_registered
-    if not _hook_registered:
-        _hook_registered = True
-        atexit.register(_wait_at_exit)
-
-
-def _wait_at_exit() -> None:
-    """At interpreter exit, let pending uploads finish so the last checkpoint lands."""
-    for uploader in list(_live):
-        if not uploader.pending:
-            continue
-        print(f"resumable: finishing the upload of {', '.join(uploader.pending)} to "
-              f"{uploader.storage.url} before exiting ...", file=sys.stderr, flush=True)
-        started = time.monotonic()
-        try:
-            uploader.wait(message=False)
-        except Exception as e:
-            print(f"resumable: upload to {uploader.storage.url} failed at exit: {e}", file=sys.stderr)
-        else:
-            print(f"resumable: uploaded in {time.monotonic() - started:.1f} s", file=sys.stderr, flush=True)
 
 
 __all__ = ["WHEN_BEHIND", "UploadJob", "Uploader", "check_when_behind"]

@@ -233,6 +233,11 @@ class Committer:
             self._index.update(remove={name})  # before the manifest goes: the index never outlives it
         self._delete_files(name, files)
 
+    def delete_index(self) -> None:
+        """Delete the run index, after the fence (every checkpoint deleted: nothing to index)."""
+        self._check_fence()
+        self._index.delete()
+
     def delete_listed(self, listed: dict[str, dict[str, ListedFile]]) -> Iterator[str]:
         """Delete the checkpoint folders of a listing ({name: files}), yielding each name once gone.
 

@@ -8,6 +8,7 @@ folder whose manifest is gone.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable
 
@@ -75,6 +76,13 @@ class IndexUpkeep:
             if remove is not None:
                 raise
             logger.warning("resumable: could not update the run index (listing reads the manifests): %s", e)
+
+    def delete(self) -> None:
+        """Delete the index (every checkpoint deleted: nothing to index); one already gone is fine."""
+        folder = self._folder
+        with folder.errors(folder.url_of(INDEX_NAME)), contextlib.suppress(FileNotFoundError):
+            folder.call(lambda: folder.fs.rm_file(folder.path(INDEX_NAME)), "delete index")
+        self._mended = False  # a later commit writes it whole again
 
     def may_miss(self) -> None:
         """The index may miss a checkpoint now (deletes stopped after its write): the next commit mends it."""

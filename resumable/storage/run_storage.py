@@ -274,6 +274,10 @@ class RunStorage:
                 listed[checkpoint.name] = dict(checkpoint.listed) if checkpoint.checked else {}
         return self._committer.delete_listed(listed)
 
+    def delete_index(self) -> None:
+        """Delete the run index once every checkpoint is deleted, after the lease check (`fence`)."""
+        self._committer.delete_index()
+
     # ----------------------------------------------------------------- small files (the lease)
 
     def read_run_file(self, name: str) -> tuple[bytes, Any] | None:

@@ -33,17 +33,16 @@ from resumable.core import safe_json
 from resumable.core.checksum import CHUNK_SIZE, RunningCrc32c
 from resumable.core.display import printable
 from resumable.core.errors import CorruptCheckpointError, NoSpaceError
-from resumable.storage import gcs_upload
 from resumable.storage.errors import NO_SPACE_ERRNOS, free_space
 from resumable.storage.folder import RunFolder, listed_file
 from resumable.storage.local_files import fsync
+from resumable.storage.transfers import put_streamed
 
 RECORD_SUFFIX = ".resumable.json"
 RECORD_FORMAT = "resumable.file"
 RECORD_VERSION = 1
 RECORD_LIMIT = safe_json.RECORD_LIMIT  # bytes: a record is a few hundred
 _HEX = set("0123456789abcdef")
-_STREAM_MIN_BYTES = 8 * 2**20  # GCS files this big go up as one streamed request (see gcs_upload)
 
 
 def record_name(name: str) -> str:
@@ -202,25 +201,11 @@ class FileTarget:
                 self.folder.fs.rm_file(self.record_path)
 
     def _put(self, local: Path, remote: str, between_chunks: Callable[[], None]) -> tuple[int, str]:
-        fs = self.folder.fs
         if self.folder.is_local:
             return _replace_local(local, remote, between_chunks)
-        if self.folder.is_gcs and local.stat().st_size >= _STREAM_MIN_BYTES:
-            with contextlib.suppress(gcs_upload.NotStreamable):
-                sent, crc32c = gcs_upload.upload(fs, local, remote, before_piece=between_chunks,
-                                                 on_sent=lambda _: None)
-                self._check_stored(remote, sent, crc32c)
-                return sent, crc32c
-        checksum = RunningCrc32c()
-        sent = 0
-        with open(local, "rb") as source, fs.open(remote, "wb") as target:  # GCS: appears at close
-            for chunk in iter(lambda: source.read(CHUNK_SIZE), b""):
-                between_chunks()
-                target.write(chunk)
-                checksum.update(chunk)
-                sent += len(chunk)
-        self._check_stored(remote, sent, checksum.hex())
-        return sent, checksum.hex()
+        sent, crc32c = put_streamed(self.folder, local, remote, between_chunks=between_chunks)
+        self._check_stored(remote, sent, crc32c)
+        return sent, crc32c
 
     def _put_bytes(self, data: bytes, remote: str) -> None:
         self.folder.replace_file(remote, data)  # locally: temporary file, fsync, os.replace

@@ -238,41 +238,10 @@ class Transfers:
 
     def _put(self, local: Path, remote: str, bar: Progress | None,
              between_chunks: Callable[[], None]) -> FileEntry:
-        """Stream ``local`` to ``remote`` a chunk at a time; the size and CRC32C of what was sent.
-
-        One read of the file serves the upload and its checksum. On GCS a big file goes up as
-        one request streamed in pieces (`gcs_upload`); anything else through the filesystem's
-        file object (on GCS, a smaller file in one request).
-        """
-        size = local.stat().st_size
-        if self._folder.is_gcs and size >= STREAM_MIN_BYTES:
-            with contextlib.suppress(gcs_upload.NotStreamable):
-                on_sent = bar.update if bar is not None else _ignore
-                sent, crc32c = gcs_upload.upload(self._folder.fs, local, remote,
-                                                 before_piece=between_chunks, on_sent=on_sent)
-                return FileEntry(sent, crc32c)
-        return self._write_chunks(local, remote, between_chunks, bar)
-
-    def _write_chunks(self, local: Path, remote: str, between_chunks: Callable[[], None],
-                      bar: Any) -> FileEntry:
-        options = {"block_size": UPLOAD_BLOCK} if self._folder.is_gcs else {}
-        checksum = RunningCrc32c()
-        sent = 0
-        with open(local, "rb") as source:
-            target = self._folder.fs.open(remote, "wb", **options)
-            try:
-                for chunk in iter(lambda: source.read(CHUNK_SIZE), b""):
-                    between_chunks()
-                    target.write(chunk)
-                    checksum.update(chunk)
-                    sent += len(chunk)
-                    if bar is not None:
-                        bar.update(len(chunk))
-            except BaseException:
-                _abandon(target)
-                raise
-            target.close()
-        return FileEntry(sent, checksum.hex())
+        """Stream ``local`` to ``remote`` (`put_streamed`); the size and CRC32C of what was sent."""
+        on_sent = bar.update if bar is not None else _ignore
+        return FileEntry(*put_streamed(self._folder, local, remote, between_chunks=between_chunks,
+                                       on_sent=on_sent))
 
     def _download(self, remote: str, local: str, size: int, bar: Progress | None) -> None:
         """``fs.get_file`` (big GCS objects in slices), its bytes added to ``bar`` if given."""
@@ -378,6 +347,40 @@ def _restorable_manifest(info: CheckpointInfo) -> Manifest:
 
 def _ignore(_: object) -> None:
     """Nobody to tell: no progress bar to move, no loader waiting for a file."""
+
+
+def put_streamed(folder: RunFolder, local: Path, remote: str, *, between_chunks: Callable[[], None],
+                 on_sent: Callable[[int], None] = _ignore) -> tuple[int, str]:
+    """Stream ``local`` to ``remote`` a chunk at a time; the size and CRC32C of what was sent.
+
+    One read of the file serves the upload and its checksum. On GCS a file of `STREAM_MIN_BYTES`
+    or more goes up as one request streamed in pieces (`gcs_upload`); anything else through the
+    filesystem's file object (on GCS, a smaller file in one request of up to `UPLOAD_BLOCK`).
+    ``between_chunks()`` is called before each chunk is sent (background uploads wait there),
+    ``on_sent(n)`` after. A failure abandons the half-written file (a GCS upload is cancelled,
+    never finished). Checkpoint folders (`Transfers`) and single files (`single_file`) both
+    upload through here.
+    """
+    if folder.is_gcs and local.stat().st_size >= STREAM_MIN_BYTES:
+        with contextlib.suppress(gcs_upload.NotStreamable):
+            return gcs_upload.upload(folder.fs, local, remote, before_piece=between_chunks, on_sent=on_sent)
+    options = {"block_size": UPLOAD_BLOCK} if folder.is_gcs else {}
+    checksum = RunningCrc32c()
+    sent = 0
+    with open(local, "rb") as source:
+        target = folder.fs.open(remote, "wb", **options)
+        try:
+            for chunk in iter(lambda: source.read(CHUNK_SIZE), b""):
+                between_chunks()
+                target.write(chunk)
+                checksum.update(chunk)
+                sent += len(chunk)
+                on_sent(len(chunk))
+        except BaseException:
+            _abandon(target)
+            raise
+        target.close()
+    return sent, checksum.hex()
 
 
 def _abandon(target: Any) -> None:

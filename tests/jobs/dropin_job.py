@@ -26,9 +26,9 @@ import numpy as np
 FILES_PER_BACKUP = 3  # model.weights.h5, state.json, arrays.npz
 
 
-def arm_kill(module: Any, owner: Any, method: str, at: int) -> None:
+def arm_kill(modules: tuple[Any, ...], owner: Any, method: str, at: int) -> None:
     """SIGKILL this process inside the ``at``-th call of ``owner.method``, once a chunk is written
-    (the module's RunningCrc32c is updated right after each write) and before the file is complete."""
+    (the modules' RunningCrc32c is updated right after each write) and before the file is complete."""
     armed = [False]
     calls = [0]
     original_method = getattr(owner, method)
@@ -41,7 +41,7 @@ def arm_kill(module: Any, owner: Any, method: str, at: int) -> None:
         finally:
             armed[0] = False
 
-    class Killing(module.RunningCrc32c):  # type: ignore[misc, name-defined]
+    class Killing(modules[0].RunningCrc32c):  # type: ignore[misc, name-defined]
         def update(self, chunk: bytes) -> None:
             super().update(chunk)
             if armed[0]:
@@ -49,7 +49,8 @@ def arm_kill(module: Any, owner: Any, method: str, at: int) -> None:
                 os.kill(os.getpid(), signal.SIGKILL)
 
     setattr(owner, method, counting)
-    module.RunningCrc32c = Killing
+    for module in modules:
+        module.RunningCrc32c = Killing
 
 
 def arm_in_place_kill(at: int) -> None:
@@ -118,7 +119,8 @@ def main() -> None:
     model.compile(optimizer="adam", loss="mse")
     if args.kind in ("model_checkpoint", "save_model"):
         if args.kill_at_save:
-            arm_kill(single_file, single_file.FileTarget, "_put", args.kill_at_save)
+            # a local file is copied by single_file, a remote one streamed by transfers.put_streamed
+            arm_kill((single_file, transfers), single_file.FileTarget, "_put", args.kill_at_save)
         callback: keras.callbacks.Callback = resumable.ModelCheckpoint(args.url, monitor="loss")
         if args.kind == "save_model":
             callback = keras.callbacks.LambdaCallback(
@@ -126,7 +128,8 @@ def main() -> None:
     else:
         if args.kill_at_save and "://" in args.url:
             # each backup uploads its files one by one: die in the first file of backup K
-            arm_kill(transfers, transfers.Transfers, "upload", 1 + FILES_PER_BACKUP * (args.kill_at_save - 1))
+            first_file = 1 + FILES_PER_BACKUP * (args.kill_at_save - 1)
+            arm_kill((transfers,), transfers.Transfers, "upload", first_file)
         elif args.kill_at_save:  # a local run's backups are written straight into it
             arm_in_place_kill(args.kill_at_save)
         callback = resumable.BackupAndRestore(args.url, delete_checkpoint=False)

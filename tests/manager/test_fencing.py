@@ -112,3 +112,42 @@ def test_retention_after_a_silent_takeover_deletes_nothing(tmp_path: Path) -> No
     manager.apply_retention()  # the deletes find the lease gone: nothing is deleted, nothing raises
     assert good(manager.storage) == ["ckpt-000001", "ckpt-000002"]
     assert manager.lease.lost is not None
+
+
+def commit(manager: RunManager, epoch: int) -> str:
+    folder, name = stage(manager, epoch)
+    manager.submit(folder, name, Manifest(epoch=epoch, step=epoch * 10))
+    manager.wait()
+    return name
+
+
+def test_deleting_every_checkpoint_takes_the_index_and_an_emptied_local_folder(run_url: str,
+                                                                                 tmp_path: Path) -> None:
+    manager = RunManager(run_url, staging_dir=tmp_path / "s")
+    manager.acquire()
+    commit(manager, 1)
+    commit(manager, 2)
+    storage = manager.storage
+    assert storage.fs.exists(f"{storage.root}/index.json") and manager.last_checkpoint is not None
+    manager.release()  # as BackupAndRestore at the end of fit: the lease first, then the backups
+    manager.delete_every_checkpoint()
+    assert storage.list() == [] and manager.last_checkpoint is None
+    assert not storage.fs.exists(f"{storage.root}/index.json")
+    if storage.is_local:
+        assert not Path(storage.root).exists()
+
+
+def test_after_a_takeover_the_index_is_not_deleted_either(run_url: str, tmp_path: Path) -> None:
+    manager = RunManager(run_url, staging_dir=tmp_path / "s")
+    manager.acquire()
+    name = commit(manager, 1)
+    storage = manager.storage
+    storage.delete(name)  # no checkpoint left, the index still there: only its delete is tried
+    thief = Lease(RunStorage(run_url))
+    thief.acquire(takeover=True)
+    try:
+        with pytest.raises(LeaseLostError, match="lost its writer lease"):
+            manager.delete_every_checkpoint()
+        assert storage.fs.exists(f"{storage.root}/index.json")
+    finally:
+        thief.release()

@@ -16,7 +16,7 @@ from typing import Any
 import keras
 import numpy as np
 
-from resumable.storage import heap
+from resumable.manager.storage_names import give_heap_back
 
 GIVE_BACK_BYTES = 16 * 2**20  # read between two gives of the heap's freed memory back to the system
 
@@ -28,7 +28,7 @@ def assigned_in_place(model: Any) -> Iterator[None]:
     Keras 3.8 and 3.9) costs that value beside the model, not also a second copy: JAX arrays
     cannot be written in place, so the variable's old array is let go before Keras' assign
     makes the new one, and the copy is waited for before the next value is read. After each
-    ``GIVE_BACK_BYTES`` read, the heap's freed memory is given back (`heap.give_back`). Each
+    ``GIVE_BACK_BYTES`` read, the heap's freed memory is given back (`give_heap_back`). Each
     variable's ``assign`` is overridden on the variable itself, for the load only: other
     models, other threads' variables and other values (a distributed variable, a dtype or
     shape that differs, a stateless scope) take Keras' own ``assign``.
@@ -67,7 +67,7 @@ def _assign_in_place(variable: Any, value: Any) -> Any:
     _read_since_given_back[0] += value.nbytes
     if _read_since_given_back[0] >= GIVE_BACK_BYTES:
         _read_since_given_back[0] = 0
-        heap.give_back()
+        give_heap_back()
     # Its array is replaced whole: freed now (unless held elsewhere), before the new one
     # exists, not after. Meanwhile it reads as not yet initialized, as Keras' own do.
     variable._value = None
