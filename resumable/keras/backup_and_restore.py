@@ -189,7 +189,7 @@ class BackupAndRestore(CheckpointCallback):
     def _forget_run(self) -> None:
         """Before a fit: nothing restored yet (a callback object may serve several fits)."""
         self._restored = None
-        self.manager.last_checkpoint = None
+        self.manager.resumed_from(None, self.manager.damaged)  # those found damaged stay so
         self.epochs_done = 0
         self.history = []
         self.best = None

@@ -308,6 +308,18 @@ class CheckpointCallback(keras.callbacks.Callback):
         """The newest checkpoint this run committed or resumed from."""
         return self.manager.last_checkpoint
 
+    @property
+    def last_saved_step(self) -> int | None:
+        """The optimizer step of the newest checkpoint this run saved or resumed from."""
+        return self._last_saved_step
+
+    def start_over(self) -> None:
+        """The run begins again from a new model (Run, after an exception, with nothing saved):
+        no epoch done, no history, the best as given at construction."""
+        self.epochs_done = 0
+        self.history = []
+        self.best = self._initial_best
+
     # ------------------------------------------------------------------ restoring (used by resume)
 
     def restore(self, checkpoint: CheckpointInfo, state: dict[str, Any], arrays: dict[str, Any],
@@ -319,8 +331,7 @@ class CheckpointCallback(keras.callbacks.Callback):
         manifest = checkpoint.manifest
         assert manifest is not None
         self._restored = checkpoint
-        self.manager.damaged = set(damaged or ())
-        self.manager.last_checkpoint = checkpoint
+        self.manager.resumed_from(checkpoint, set(damaged or ()))
         self.epochs_done = manifest.epoch
         best = state.get("best")
         self.best = None if best is None else float(best)
@@ -380,7 +391,7 @@ class CheckpointCallback(keras.callbacks.Callback):
 
     def restore_nothing(self, damaged: set[str]) -> None:
         """A new run in a folder whose only checkpoints are damaged: training replaces them."""
-        self.manager.damaged = set(damaged)
+        self.manager.resumed_from(None, damaged)
 
     # ------------------------------------------------------------------ Keras hooks
 

@@ -451,7 +451,7 @@ class JobResume:
             index, text = damaged[0]
             mine = index == self.channel.process_index
             self.warn(text if mine else f"{text} (found by process {index})")
-            self.manager.damaged.add(info.name)
+            self.manager.mark_damaged(info.name)
             return None
         return result
 

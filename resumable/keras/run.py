@@ -260,7 +260,7 @@ class Run:
         if not getattr(self, "_fitted", False):
             return
         step = training_state.iterations(self.model)
-        saved = self.callback._last_saved_step or 0
+        saved = self.callback.last_saved_step or 0
         if step == saved:
             return
         self._finish_uploads(quiet=True)
@@ -274,9 +274,7 @@ class Run:
         elif self.build_model is not None:
             with topology.scope(self.strategy, self.distribution):
                 self.model = loading.build(self.build_model)
-            self.callback.epochs_done = 0
-            self.callback.history = []
-            self.callback.best = self.callback._initial_best
+            self.callback.start_over()
             where = "a new model from build_model()"
         else:
             raise ResumableError(
@@ -438,7 +436,7 @@ def _load_newest(manager: RunManager, build_model: Callable[[], keras.Model] | N
             except CorruptCheckpointError as e:
                 reads.forget(arrival.folder)
                 warn(printable(str(e)))
-                manager.damaged.add(info.name)
+                manager.mark_damaged(info.name)
     return None
 
 

@@ -399,6 +399,16 @@ class RunManager:
         else:
             logger.warning("%s", line)
 
+    def resumed_from(self, checkpoint: CheckpointInfo | None, damaged: set[str]) -> None:
+        """A resume restored ``checkpoint`` (None: nothing): it is the run's last checkpoint, and
+        the newer ones in ``damaged`` may be replaced by training's commits."""
+        self.last_checkpoint = checkpoint
+        self.damaged = set(damaged)
+
+    def mark_damaged(self, name: str) -> None:
+        """Checkpoint ``name`` failed a check when resuming: passed over, and replaceable."""
+        self.damaged.add(name)
+
     def _committed(self, info: CheckpointInfo) -> None:
         """After each commit, in the uploader's thread when uploading in the background."""
         self.last_checkpoint = info
