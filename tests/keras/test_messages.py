@@ -68,7 +68,8 @@ def test_a_run_taken_over_says_so_once_in_one_line(how: str, tmp_path: Path) -> 
     line = next(x for x in output.splitlines() if "lost its writer lease" in x)
     assert line.startswith(("LeaseLostError: ", "resumable.core.errors.LeaseLostError: "))
     assert "takeover=True" in line  # what to do
-    for deep in ("callback.py", "run_manager.py", "uploader.py", "lease.py", "site-packages", "Warning"):
+    for deep in ("callback.py", "run_manager.py", "run_writer.py", "uploader.py", "lease.py", "site-packages",
+                 "Warning"):
         assert deep not in output, output
     if how == "notebook":
         assert "Traceback" not in output, output

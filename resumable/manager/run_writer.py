@@ -1,0 +1,272 @@
+"""`RunWriter`: one run folder's only writer: the lease, staging, uploads, commits, retention, pruning.
+
+`RunManager` builds it the first time something writes (`acquire`, `writing`, `stage`,
+`submit`, `prune`, ...): a resume that only reads takes no lease and starts no thread. Built,
+it fences the storage at once (``storage.fence = lease.fence``): every manifest write and
+delete reads the lease afresh first, and nothing is written once another process took the run
+over. What a resume learned (the checkpoint restored, the damaged ones a commit may replace)
+belongs to the reader (`run_reader.RunReader`); the writer reads it and reports each commit
+to it (`RunReader.committed`).
+
+The threads: `submit` hands a checkpoint to the uploader's thread (`uploader.Uploader`), which
+calls back here to commit it (`_commit`, `_commit_in_place`) and after the commit
+(`_committed`: retention, then the caller's ``on_commit``); the lease renews itself in its own
+thread from `acquire` on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import os
+import shutil
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+from resumable.core.errors import CheckpointExistsError, LeaseHeldError, LeaseLostError, ResumableError
+from resumable.core.manifest import FileEntry, Manifest
+from resumable.core.policy import Retention
+from resumable.manager.background import wait_at_exit
+from resumable.manager.job_commit import DEFAULT_BARRIER_TIMEOUT, JobChannel, JobCommit
+from resumable.manager.run_reader import RunReader
+from resumable.manager.uploader import Uploader
+from resumable.storage import CheckpointInfo
+from resumable.storage.lease import DEFAULT_TIMEOUT, Lease, LeaseInfo, read_lease
+
+logger = logging.getLogger("resumable")
+
+T = TypeVar("T")
+
+WriteFn = Callable[[Path, str | None], dict[str, FileEntry]]
+
+
+@dataclass
+class WriterOptions:
+    """How the writer writes (`RunManager`'s arguments of the same names), read when used."""
+
+    retention: Retention | None = None
+    lease_timeout: float = DEFAULT_TIMEOUT
+    takeover: bool = False
+    async_upload: bool = True
+    verbose: bool = False
+    when_behind: str = "skip"
+
+
+class RunWriter:
+    """The writer of one run folder; built by `RunManager` at its first write.
+
+    Args:
+        reader: The run folder's reader: its storage, staging folder, last and damaged checkpoints.
+        options: How to write.
+        on_commit: Called after each commit (retention applied), in the uploader's thread.
+        on_skipped: Called with the line saying a waiting checkpoint was replaced.
+    """
+
+    def __init__(self, reader: RunReader, options: WriterOptions, *,
+                 on_commit: Callable[[CheckpointInfo], None], on_skipped: Callable[[str], None]) -> None:
+        self.reader = reader
+        self.storage = reader.storage
+        self.options = options
+        self._on_commit = on_commit
+        # One writer per run folder; at interpreter exit the last uploads land before it is released.
+        self.lease = Lease(self.storage, timeout=options.lease_timeout, before_exit=wait_at_exit)
+        self.storage.fence = self.lease.fence  # every manifest write and delete checks it afresh
+        # The newest committed checkpoint's files stay in staging_dir/committed until the next
+        # save: a local copy to recover by hand; resume() reads the run folder's copy.
+        self.uploader = Uploader(self.storage, commit=self._commit, on_commit=self._committed,
+                                 cache_dir=reader.staging_dir / "committed", verbose=options.verbose,
+                                 when_behind=options.when_behind, on_skipped=on_skipped)
+        self.job: JobCommit | None = None  # #36: set when every process of a multi-host job writes its part
+
+    # ------------------------------------------------------------------ the writer lease
+
+    def acquire(self) -> None:
+        """Become the run folder's only writer (LeaseHeldError naming the holder), renewed until `release`."""
+        self.lease.acquire(takeover=self.options.takeover)
+        self.lease.start_renewing()
+
+    @contextlib.contextmanager
+    def writing(self, *, force: bool = False) -> Iterator[LeaseInfo | None]:
+        """Hold the lease for a one-off change (`RunManager.writing`)."""
+        try:
+            self.lease.acquire()
+        except LeaseHeldError:
+            if not force:
+                raise
+            yield read_lease(self.storage)
+            return
+        try:
+            yield None
+        finally:
+            self.lease.release()
+
+    def finish(self, *, quiet: bool = False) -> None:
+        """Land the uploads, then give the lease back (`RunManager.finish`)."""
+        try:
+            self.uploader.wait(message=False if quiet else None)
+        except LeaseLostError as e:  # training raises it (or did): said there, once
+            logger.info("resumable: %s", e)
+        except Exception as e:  # noqa: BLE001 - the error that ended training matters more
+            logger.warning("resumable: %s", e)
+        except KeyboardInterrupt:
+            logger.warning("resumable: stopped waiting for the uploads; the writer lease of %s stays held",
+                           self.storage.url)
+            raise
+        self.lease.release()
+
+    # ------------------------------------------------------------------ saving
+
+    def every_process_writes(self, channel: JobChannel, timeout: float = DEFAULT_BARRIER_TIMEOUT) -> None:
+        """#36: every process uploads its files of each checkpoint, process 0 commits them
+        (`RunManager.every_process_writes`)."""
+        if self.job is None:
+            self.job = JobCommit(self.storage, channel, timeout=timeout, prepare=self._prepare_job_commit,
+                                 token=lambda: self.lease.info.token if self.lease.info is not None else None)
+            self.uploader.when_behind = "wait"
+            self.uploader.retry_failed = False
+
+    def stage(self, name: str, *, drop_cached: bool = True) -> Path:
+        """An empty local folder to write checkpoint ``name`` into (`RunManager.stage`)."""
+        self.lease.check()
+        if self.uploader.in_progress(name):
+            self.uploader.wait()  # never rewrite files in flight
+        folder = self.reader.staging_dir / "staging" / name
+        shutil.rmtree(folder, ignore_errors=True)
+        if drop_cached:
+            self.uploader.drop_cached()
+        return folder
+
+    def submit(self, folder: Path, name: str, manifest: Manifest, *, write: WriteFn | None = None) -> None:
+        """Commit a staged folder as ``name``, in the background or now (`RunManager.submit`)."""
+        in_place = None
+        if self.job is not None:  # #36: a failed write is said in the job's round, never skipped alone
+            write = self.job.writer(folder, write)
+        elif write is not None and self.writes_in_place:
+            in_place = functools.partial(self._commit_in_place, name, manifest, write)
+        if self.options.async_upload:
+            self.uploader.submit(folder, name, manifest, write=write, in_place=in_place)
+        else:
+            self.uploader.commit_now(folder, name, manifest, write=write, in_place=in_place)
+
+    @property
+    def writes_in_place(self) -> bool:
+        """Whether `submit`'s ``write`` writes the files where they stay (`RunManager.writes_in_place`)."""
+        return self.storage.is_local and self.job is None
+
+    def _commit(self, staging: Path, name: str, manifest: Manifest) -> CheckpointInfo:
+        self._renew_before_commit(name)
+        if self.job is not None:  # #36: every process uploads its part, process 0 commits
+            return self.job.commit(staging, name, manifest, progress=self.options.verbose,
+                                   between_chunks=self._between_chunks)
+        return self._replacing_damaged(name, lambda: self.storage.commit(
+            staging, name, manifest, progress=self.options.verbose, between_chunks=self._between_chunks))
+
+    def _commit_in_place(self, name: str, manifest: Manifest, write: WriteFn) -> CheckpointInfo:
+        """Write a checkpoint's files straight into its folder in a local run, then commit them."""
+        self._renew_before_commit(name)
+        target = Path(self._replacing_damaged(name, lambda: self.storage.begin_in_place(name)))
+        try:
+            written = write(target, self.storage.root)
+        except BaseException:
+            with contextlib.suppress(ResumableError, OSError):  # a partial folder only holds space
+                self.storage.delete(name)
+            raise
+        return self.storage.commit_in_place(name, manifest, written)
+
+    def _renew_before_commit(self, name: str) -> None:
+        if self.lease.held or self.lease.lost:
+            try:
+                self.lease.renew()  # a fresh check that the run is still ours, just before writing
+            except LeaseLostError:
+                raise
+            except ResumableError as e:  # the storage failed: the commit will say how, if it fails too
+                logger.warning("resumable: could not renew the writer lease before committing %s: %s",
+                               name, e)
+
+    def _prepare_job_commit(self, name: str) -> None:
+        """#36: process 0's first step of a job's commit: the folder cleared, or a damaged one replaced."""
+        self._replacing_damaged(name, lambda: self.storage.prepare_commit(name))
+
+    def _replacing_damaged(self, name: str, begin: Callable[[], T]) -> T:
+        """``begin()`` (the commit, or its first step); a checkpoint of that name resume() found
+        damaged, and still is, is deleted first (only those may be replaced)."""
+        try:
+            return begin()
+        except CheckpointExistsError:
+            if not self.reader.replaceable(name):
+                raise
+        logger.warning("resumable: replacing damaged checkpoint %s", name)
+        self.storage.delete(name)
+        self.reader.replaced(name)
+        return begin()
+
+    def _between_chunks(self) -> None:
+        """Before each chunk of an upload: stop once a renewal found the run taken over."""
+        self.lease.check()
+        self.uploader.between_chunks()
+
+    def _committed(self, info: CheckpointInfo) -> None:
+        """After each commit, in the uploader's thread when uploading in the background."""
+        self.reader.committed(info)
+        logger.info("resumable: saved %s", info.url)
+        if self.job is not None and not self.job.chief:
+            return  # #36: process 0 alone applies retention and reports commits
+        self.apply_retention()
+        self._on_commit(info)
+
+    # ------------------------------------------------------------------ retention and pruning
+
+    def prune(self, doomed: Sequence[CheckpointInfo], *, progress: Callable[[Sequence[CheckpointInfo]],
+              Iterable[CheckpointInfo]] | None = None, tolerant: bool = False) -> list[str]:
+        """Delete checkpoints a `PrunePlan` dooms; the caller holds the lease (`RunManager.prune`)."""
+        deleted: list[str] = []
+        shown = iter(progress(doomed)) if progress is not None else iter(())  # the bar moves as they go
+        left = list(doomed)
+        while left:
+            self.lease.check()  # another process writes the run now: its checkpoints are not ours
+            batch, left, done = left, [], 0
+            try:  # the index loses them all in one write; each delete re-reads the lease (`fence`)
+                for name in self.storage.delete_many(batch):
+                    deleted.append(name)
+                    done += 1
+                    next(shown, None)
+            except LeaseLostError:
+                raise
+            except ResumableError as e:
+                if not tolerant:
+                    raise
+                logger.warning("resumable: could not delete %s: %s", batch[done].name, e)
+                next(shown, None)
+                left = batch[done + 1:]
+        next(shown, None)  # past the last one: the bar closes
+        return deleted
+
+    def delete_every_checkpoint(self) -> None:
+        """Delete every checkpoint, then the run index (`RunManager.delete_every_checkpoint`)."""
+        for info in self.storage.list(check_files=False):
+            self.storage.delete(info)
+        self.reader.committed(None)
+        self.storage.delete_index()
+        if self.storage.is_local:
+            with contextlib.suppress(OSError):
+                os.rmdir(self.storage.root)  # only when empty
+
+    def apply_retention(self) -> None:
+        """After a commit: delete what retention drops, never the checkpoint just committed."""
+        retention = self.options.retention
+        if retention is None or self.lease.lost:
+            return  # after a takeover the run is another process's: never delete its checkpoints
+        last = self.reader.last_checkpoint
+        try:
+            pruning = self.reader.plan_pruning(retention, protect=[last.name] if last else [])
+        except ResumableError as e:
+            logger.warning("resumable: retention skipped: %s", e)
+            return
+        with contextlib.suppress(LeaseLostError):
+            self.prune(pruning.doomed, tolerant=True)
+
+
+__all__ = ["RunWriter", "WriterOptions"]
