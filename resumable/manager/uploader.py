@@ -31,6 +31,7 @@ from pathlib import Path
 from resumable.core.errors import LeaseLostError
 from resumable.core.manifest import Manifest
 from resumable.manager.background import Worker
+from resumable.manager.committed_copy import CommittedCopy
 from resumable.storage import CheckpointInfo, RunStorage
 
 logger = logging.getLogger("resumable")
@@ -116,6 +117,7 @@ class Uploader:
         self._commit = commit or storage.commit
         self._on_commit = on_commit
         self.cache_dir = cache_dir
+        self._copy = CommittedCopy(cache_dir)
         self.verbose = verbose
         # The worker thread runs one job at a time; its lock guards this uploader's state too.
         self._worker: Worker[UploadJob] = Worker("resumable-uploader", self._upload, first=self._retry_first,
@@ -132,7 +134,6 @@ class Uploader:
         self._closed = False
         self._unpaused = threading.Event()
         self._unpaused.set()
-        self._cache_lock = threading.Lock()  # the worker fills cache_dir, the caller may empty it
         self.committed: list[str] = []  # names committed by this uploader, in order
         self.replaced: list[str] = []  # names dropped because a newer job replaced them
 
@@ -197,16 +198,8 @@ class Uploader:
 
     def _say_skipped(self, dropped: UploadJob, newer: UploadJob, in_flight: UploadJob | None) -> None:
         """One line per checkpoint skipped: which, and the first time why and what to do."""
-        if self._said_why:
-            line = (f"resumable: {_describe(dropped)} ({dropped.name}) not uploaded either: replaced by the "
-                    f"newer {newer.name}")
-        else:
-            self._said_why = True
-            busy = f"the upload of {in_flight.name} was still running" if in_flight is not None else (
-                "uploads were behind")
-            line = (f"resumable: {_describe(dropped)} ({dropped.name}) not uploaded: {busy} when "
-                    f"{_describe(newer)} was saved, so the newer {newer.name} took its place; pass "
-                    "when_behind='wait' to keep every checkpoint (training then waits for the uploads)")
+        line = skipped_line(dropped, newer, in_flight, why=not self._said_why)
+        self._said_why = True
         if self.on_skipped is not None:
             self.on_skipped(line)
         else:
@@ -227,17 +220,9 @@ class Uploader:
             self._unpaused.set()
 
     def drop_cached(self) -> None:
-        """Delete the local copy of the last committed checkpoint: the next save is about to replace it.
-
-        Deleted before that save rather than after it, the copy never doubles the staging disk a
-        save needs; and on the benchmark machine, writing a 288 MB checkpoint next to the previous
-        one cost 0.5 s more kernel time per save than writing it after deleting that one
-        (docs/benchmarks.md). Nothing reads the copy back (resume() downloads into its own cache).
-        """
-        if self.cache_dir is None:
-            return
-        with self._cache_lock:
-            self._empty_cache(self.cache_dir)
+        """Delete the local copy of the last committed checkpoint: the next save is about to replace
+        it (`CommittedCopy.drop`)."""
+        self._copy.drop()
 
     def between_chunks(self) -> None:
         """Called by the upload before each chunk: waits while `paused` holds it (worker thread only)."""
@@ -389,27 +374,8 @@ class Uploader:
 
     def _keep(self, job: UploadJob) -> None:
         """Move the committed staged folder into the cache (or delete it)."""
-        if job.in_place is not None:
-            return  # nothing staged: the run folder holds the only copy
-        if self.cache_dir is None:
-            shutil.rmtree(job.staged, ignore_errors=True)
-            return
-        target = self.cache_dir / job.name
-        try:
-            with self._cache_lock:
-                self.cache_dir.mkdir(parents=True, exist_ok=True)
-                self._empty_cache(self.cache_dir)
-                job.staged.rename(target)
-        except OSError as e:  # only a convenience copy: nothing depends on it
-            logger.info("resumable: not keeping a local copy of %s: %s", job.name, e)
-            shutil.rmtree(job.staged, ignore_errors=True)
-
-    @staticmethod
-    def _empty_cache(cache_dir: Path) -> None:
-        """Delete every copy in ``cache_dir`` (the caller holds ``_cache_lock``)."""
-        if cache_dir.is_dir():
-            for child in cache_dir.iterdir():
-                shutil.rmtree(child, ignore_errors=True)
+        if job.in_place is None:  # else nothing staged: the run folder holds the only copy
+            self._copy.keep(job.staged, job.name)
 
     @staticmethod
     def _drop(job: UploadJob) -> None:
@@ -425,6 +391,19 @@ def check_when_behind(when_behind: object) -> None:
             "Expected 'skip' (a newer checkpoint replaces one still waiting for its upload) or 'wait' "
             "(training waits, every checkpoint is kept)."
         )
+
+
+def skipped_line(dropped: UploadJob, newer: UploadJob, in_flight: UploadJob | None, *, why: bool) -> str:
+    """The line that says ``dropped`` was replaced by ``newer``; with ``why`` (the first time), why
+    and what to do."""
+    if not why:
+        return (f"resumable: {_describe(dropped)} ({dropped.name}) not uploaded either: replaced by the "
+                f"newer {newer.name}")
+    busy = f"the upload of {in_flight.name} was still running" if in_flight is not None else (
+        "uploads were behind")
+    return (f"resumable: {_describe(dropped)} ({dropped.name}) not uploaded: {busy} when "
+            f"{_describe(newer)} was saved, so the newer {newer.name} took its place; pass "
+            "when_behind='wait' to keep every checkpoint (training then waits for the uploads)")
 
 
 def _describe(job: UploadJob) -> str:
