@@ -33,7 +33,8 @@ def deterministic_ops() -> None:
 
 def make_model() -> Any:
     keras.utils.set_random_seed(3)
-    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(1)])
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(8, activation="relu"),
+                              keras.layers.Dense(1)])
     model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse")
     return model
 
