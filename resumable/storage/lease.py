@@ -36,8 +36,13 @@ read-compare-replace under ``flock``), so two contenders never both win and a re
 deletes another holder's lease. A holder that finds its lease taken over stops writing
 (`LeaseLostError`, naming the process that took it). Where a mount has no hard links, lease.json
 exists for a moment before its bytes do: an unreadable lease younger than `TORN_GRACE` is
-being written, and is waited for, never taken over (`Lease._torn_settled`). Readers (list,
+being written, and is waited for, never taken over (`lease_contest`). Readers (list,
 inspect, verify, resume's loading) need no lease.
+
+Here: `Lease`, one writer's lease (take, renew, fence, release, the renewal thread, the release
+at exit). What lease.json says and the judgements of its holder: `lease_info.LeaseInfo`; a
+contender facing a lease already there: `lease_contest.may_take`; this process and machine as
+a lease names them: `this_machine`.
 
 Example:
 
@@ -55,172 +60,33 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import datetime as dt
-import json
 import logging
 import math
 import os
-import socket
 import sys
 import threading
-import time
 import uuid
 from collections.abc import Callable
 from typing import Any
 
-from resumable.core import safe_json
 from resumable.core.errors import LeaseHeldError, LeaseLostError, ResumableError
-from resumable.storage import RunStorage
-from resumable.storage.progress import WaitLine
+from resumable.storage import RunStorage, this_machine
+from resumable.storage.lease_contest import MAX_WAIT, TORN_GRACE, may_take
+from resumable.storage.lease_info import (
+    DEFAULT_TIMEOUT,
+    LEASE_FORMAT,
+    LEASE_NAME,
+    MAX_RENEW_INTERVAL,
+    MIN_WATCH,
+    RENEWALS_PER_TIMEOUT,
+    LeaseInfo,
+    check_holder,
+    read_lease,
+)
 
 logger = logging.getLogger("resumable")
 
-LEASE_NAME = "lease.json"
-LEASE_FORMAT = "resumable.lease"
-DEFAULT_TIMEOUT = 40.0  # seconds without renewal after which a lease is stale: 3 missed renewals
-RENEWALS_PER_TIMEOUT = 4  # the holder renews every timeout / 4 seconds by default ...
-MAX_RENEW_INTERVAL = 60.0  # ... and at least this often
-OLD_RENEWALS_PER_TIMEOUT = 10  # leases that do not record their interval renewed every timeout / 10 s (<= 60)
-MAX_WAIT = 120.0  # a contender waits for another machine's silent lease to go stale at most this long
-MIN_WATCH = 1.5  # and watches it for at least this many of its renewal intervals (a live one renews)
-CLOCK_TOLERANCE = 5.0  # seconds a renewal by this machine may lie "ahead" (its clock stepped back meanwhile)
 ACQUIRE_TRIES = 5  # contenders racing on the file: each lost race re-reads it
-TORN_GRACE = 10.0  # an unreadable lease.json this young (by its mtime) may still be being written
-TORN_POLL = 0.2  # seconds between reads while one is watched
-
-
-@dataclasses.dataclass(frozen=True)
-class LeaseInfo:
-    """What ``lease.json`` says about its holder."""
-
-    token: str  # unique per acquisition: tells this holder's writes from any other's
-    host: str
-    pid: int
-    started: dt.datetime  # when the lease was taken (UTC)
-    renewed: dt.datetime  # last renewal (UTC), by the holder's clock
-    timeout: float  # the holder's own lease_timeout: stale after this long without renewal
-    process_start: int | None = None  # /proc start time of the process: tells a reused pid
-    boot_id: str | None = None  # /proc boot id: the same host name after a reboot is another machine
-    renew_interval: float | None = None  # the holder's seconds between renewals; None: an older version's
-
-    def to_json(self) -> bytes:
-        return json.dumps({
-            "format": LEASE_FORMAT, "token": self.token, "host": self.host, "pid": self.pid,
-            "started": _iso(self.started), "renewed": _iso(self.renewed), "timeout": self.timeout,
-            "process_start": self.process_start, "boot_id": self.boot_id,
-            "renew_interval": self.renew_interval,
-        }, indent=1).encode()
-
-    @classmethod
-    def from_json(cls, blob: bytes) -> LeaseInfo | None:
-        """The lease, or None when the bytes are not a lease (a torn write, a stray file, a
-        hand-edited or hostile one: too large, not strict JSON, a field of the wrong type)."""
-        try:
-            raw = safe_json.loads(blob, safe_json.LEASE_LIMIT)
-            if type(raw) is not dict or raw.get("format") != LEASE_FORMAT:
-                return None
-            timeout = _lease_number(raw["timeout"])
-            info = cls(
-                token=_lease_text(raw["token"]), host=_lease_text(raw["host"]), pid=_lease_pid(raw["pid"]),
-                started=_parse_iso(raw["started"]), renewed=_parse_iso(raw["renewed"]),
-                timeout=timeout if timeout > 0 else DEFAULT_TIMEOUT,
-                process_start=_optional_int(raw.get("process_start")),
-                boot_id=_lease_text(raw["boot_id"]) if raw.get("boot_id") else None,
-                renew_interval=_positive_or_none(raw.get("renew_interval")),
-            )
-            info.expires  # noqa: B018 - a renewal time or timeout no datetime holds (OverflowError)
-            return info
-        except (ValueError, TypeError, KeyError, AttributeError, OverflowError):
-            return None
-
-    @property
-    def expires(self) -> dt.datetime:
-        return self.renewed + dt.timedelta(seconds=self.timeout)
-
-    def age(self, now: dt.datetime | None = None) -> float:
-        """Seconds since the last renewal by the holder's clock read on ours (0 when ahead of
-        ours): shown in messages; trusted only where `clock_is_ours`."""
-        return max(0.0, ((now or _now()) - self.renewed).total_seconds())
-
-    def clock_is_ours(self, now: dt.datetime | None = None) -> bool:
-        """Renewed on this machine, at a time that is not in our future: its age can be trusted."""
-        ahead = (self.renewed - (now or _now())).total_seconds()
-        return self.on_this_machine() and ahead <= CLOCK_TOLERANCE
-
-    @property
-    def interval(self) -> float:
-        """Seconds between the holder's renewals: as recorded, else as older versions renewed."""
-        return self.renew_interval or min(MAX_RENEW_INTERVAL, self.timeout / OLD_RENEWALS_PER_TIMEOUT)
-
-    def stale(self, now: dt.datetime | None = None, server_age: float | None = None) -> bool:
-        """Not renewed for its timeout (its holder is gone, frozen or cut off from the storage), by a
-        clock that can be trusted: the storage's (``server_age``: seconds since the lease was
-        last written, `RunStorage.run_file_server_age`) or ours, for a lease of this machine.
-        Another machine's renewal time alone never makes a lease stale: it is watched instead."""
-        if server_age is not None and server_age > self.timeout:
-            return True
-        return self.clock_is_ours(now) and self.age(now) > self.timeout
-
-    def on_this_machine(self) -> bool:
-        """Held from this host name since its last boot: whether its process runs can be asked."""
-        return self.host == _HOST and not (self.boot_id and _BOOT_ID and self.boot_id != _BOOT_ID)
-
-    def process_gone(self) -> bool:
-        """True only when the holder ran on this machine and its process no longer exists."""
-        if not self.on_this_machine():
-            return False
-        start = _process_start(self.pid)
-        if start == -1:  # no such process, or a zombie
-            return True
-        if start is not None and self.process_start is not None:
-            return start != self.process_start  # the pid was reused by another process
-        try:
-            os.kill(self.pid, 0)
-        except ProcessLookupError:
-            return True
-        except OSError:  # alive, owned by someone else
-            return False
-        return False
-
-    def mine(self) -> bool:
-        """Held by this very process (an earlier fit or an earlier `resume()` in this kernel)."""
-        return self.host == _HOST and self.pid == os.getpid() and (
-            self.process_start is None or self.process_start == _own_process_start()
-        )
-
-    def blocks(self, server_age: float | None = None) -> bool:
-        """Would stop a writer without ``takeover=True``: fresh, held by another process that still runs.
-
-        Advice only (a warning at `resume`, `prune`'s refusal): a writer decides by `Lease.acquire`.
-        Another machine's process is taken as running while it renews on time (within
-        `MIN_WATCH` renewal intervals, by the storage's clock where it tells, else by the
-        lease's own renewal time); a lease silent for longer is most likely its dead writer's,
-        which a writer waits for and takes over.
-        """
-        if self.mine() or self.process_gone() or self.stale(server_age=server_age):
-            return False
-        silent = server_age if server_age is not None else self.age()
-        return self.on_this_machine() or silent <= MIN_WATCH * self.interval
-
-    def describe(self, now: dt.datetime | None = None) -> str:
-        """``host 'a', process 12, since 2026-11-22 06:10:03 UTC, renewed 35 s ago``."""
-        return (f"host {self.host!r}, process {self.pid}, since {_show(self.started)}, "
-                f"renewed {_ago(self.age(now))} ago")
-
-
-def read_lease(storage: RunStorage) -> LeaseInfo | None:
-    """The run folder's lease, or None when nobody holds one (or it is unreadable). For readers."""
-    found = storage.read_run_file(LEASE_NAME)
-    return LeaseInfo.from_json(found[0]) if found else None
-
-
-def check_holder(storage: RunStorage, token: str) -> None:
-    """The fence of a process writing for the holder of lease ``token`` (another process of the
-    same multi-host job): LeaseLostError unless ``lease.json`` still names that holder."""
-    holder = read_lease(storage)
-    if holder is None or holder.token != token:
-        who = f"now held by {holder.describe()}" if holder else "it was removed"
-        raise LeaseLostError(f"{storage.url}: the writer lease of this job's process 0 was taken over "
-                             f"({who}); this process stops writing to this run folder")
 
 
 class Lease:
@@ -272,10 +138,10 @@ class Lease:
                 self.renew()
                 return
             self.lost, self._taken_by = None, None
-            now = _now()
-            info = LeaseInfo(token=uuid.uuid4().hex, host=_HOST, pid=os.getpid(), started=now, renewed=now,
-                             timeout=self.timeout, process_start=_own_process_start(), boot_id=_BOOT_ID,
-                             renew_interval=self.renew_interval)
+            now = this_machine.now()
+            info = LeaseInfo(token=uuid.uuid4().hex, host=this_machine.HOST, pid=os.getpid(), started=now,
+                             renewed=now, timeout=self.timeout, renew_interval=self.renew_interval,
+                             process_start=this_machine.own_process_start(), boot_id=this_machine.BOOT_ID)
             data = info.to_json()
             for _ in range(ACQUIRE_TRIES):
                 version = self.storage.create_run_file(LEASE_NAME, data)
@@ -287,7 +153,7 @@ class Lease:
                     if blob == data:  # our create landed, and its retry saw it
                         version = current
                     else:
-                        current = self._may_take(LeaseInfo.from_json(blob), current, takeover)
+                        current = may_take(self.storage, LeaseInfo.from_json(blob), current, takeover)
                         if current is None:
                             continue  # released, renewed by a new holder or torn while we watched: look again
                         version = self.storage.replace_run_file(LEASE_NAME, data, current)
@@ -310,7 +176,7 @@ class Lease:
             self.check()
             if self.info is None:
                 raise LeaseLostError(f"{self._url}: this process holds no writer lease; take it first")
-            info = dataclasses.replace(self.info, renewed=_now())
+            info = dataclasses.replace(self.info, renewed=this_machine.now())
             data = info.to_json()
             version = self.storage.replace_run_file(LEASE_NAME, data, self._version)
             if version is None:
@@ -395,110 +261,6 @@ class Lease:
     def _url(self) -> str:
         return f"{self.storage.url}/{LEASE_NAME}"
 
-    def _may_take(self, holder: LeaseInfo | None, version: Any, takeover: bool) -> Any | None:
-        """Decide whether the lease found (at ``version``) may be taken over; LeaseHeldError if not.
-
-        Returns the version to replace, or None when the lease changed while another machine's
-        was watched (`_watch`) and must be looked at again.
-        """
-        if holder is None:
-            if not takeover and not self._torn_settled(version):
-                return None  # written meanwhile: look again
-            logger.warning("resumable: %s is not a readable lease; taking it over", self._url)
-        elif holder.mine():
-            logger.info("resumable: taking over the writer lease an earlier fit of this process held")
-        elif holder.process_gone():
-            logger.warning("resumable: taking over the writer lease of %s: that process no longer runs",
-                           holder.describe())
-        elif takeover:
-            logger.warning("resumable: takeover=True: taking over the writer lease of %s; that process "
-                           "stops writing at its next save", holder.describe())
-        else:
-            server_age = self.storage.run_file_server_age(LEASE_NAME)
-            if holder.stale(server_age=server_age):
-                clock = "the storage's clock" if server_age is not None else "this machine's clock"
-                logger.warning("resumable: taking over the stale writer lease of %s (not renewed for %s by "
-                               "%s; stale after %s)", holder.describe(),
-                               _ago(server_age if server_age is not None else holder.age()), clock,
-                               _ago(holder.timeout))
-                return version
-            if holder.on_this_machine() and holder.clock_is_ours():  # its process runs: no need to watch
-                raise self._held(holder)
-            # Unchanged for its timeout, as this process watches it (what the storage's clock says
-            # has passed already counted), and long enough to see a live writer renew.
-            wait = max(holder.timeout - (server_age or 0.0), MIN_WATCH * holder.interval)
-            if wait > MAX_WAIT:
-                raise self._held(holder)
-            return self._watch(holder, version, wait)
-        return version
-
-    def _torn_settled(self, version: Any) -> bool:
-        """Whether an unreadable lease.json (at ``version``) may be replaced: False when it changed.
-
-        Where the mount has no hard links, `create_whole` creates the file, then writes it: a
-        contender may read it empty or half-written for a moment, and must not take over a lease
-        that is being taken. So one younger than `TORN_GRACE` (by its mtime; one dated in the
-        future counts as just written) is watched until it is that old; GCS objects appear whole.
-        """
-        age = self.storage.run_file_age(LEASE_NAME)
-        if age is None or age >= TORN_GRACE:
-            return True
-        deadline = time.monotonic() + TORN_GRACE - max(age, 0.0)
-        logger.info("resumable: %s is not a readable lease yet; waiting up to %.0f s for it to be written",
-                    self._url, deadline - time.monotonic())
-        while (left := deadline - time.monotonic()) > 0:
-            time.sleep(min(TORN_POLL, left))
-            found = self.storage.read_run_file(LEASE_NAME)
-            if found is None or found[1] != version:
-                return False
-        return True
-
-    def _watch(self, holder: LeaseInfo, version: Any, wait: float) -> Any | None:
-        """Watch another machine's lease for up to ``wait`` seconds, saying so on stderr.
-
-        Renewed meanwhile: its writer is alive, LeaseHeldError. Still the same at the end: its
-        writer is gone (a recycled Colab VM), the version to replace. Released or changed hands:
-        None, to look again. Where writes may show late (a mount: Drive shows another machine's
-        writes seconds later), the renewals seen may be a dead writer's last ones still arriving:
-        each restarts the watch for the lease's timeout, and only renewals that go on for a whole
-        timeout prove the writer alive (a delay shorter than the timeout has run out by then).
-        """
-        line = (f"resumable: waiting up to {wait:.0f} s for the writer lease of {self.storage.url} held by "
-                f"{holder.describe()}: taken over if not renewed meanwhile")
-        started = time.monotonic()
-        poll = min(1.0, max(0.05, holder.interval / 4))
-        began = started
-        with WaitLine(line) as shown:
-            while (left := wait - (time.monotonic() - started)) > 0:
-                shown.left(left)
-                time.sleep(min(poll, left))
-                found = self.storage.read_run_file(LEASE_NAME)
-                if found is None:
-                    return None
-                if found[1] != version:
-                    now = LeaseInfo.from_json(found[0])
-                    if now is None or now.token != holder.token:
-                        return None
-                    # GCS shows every write at once: one renewal proves life. A mount may be late.
-                    if self.storage.is_gcs or time.monotonic() - began >= holder.timeout:
-                        shown.end("renewed, so its writer is alive")
-                        raise self._held(now)
-                    holder, version = now, found[1]  # gone once unchanged for its timeout from now
-                    started, wait = time.monotonic(), max(holder.timeout, MIN_WATCH * holder.interval)
-            shown.end("not renewed, taking it over")
-        logger.warning("resumable: taking over the writer lease of %s: unchanged for the %s watched (its "
-                       "process is gone, e.g. with a recycled VM)", holder.describe(), _ago(wait))
-        return version
-
-    def _held(self, holder: LeaseInfo) -> LeaseHeldError:
-        when = f", at {_show(holder.expires)}" if holder.clock_is_ours() else ""
-        return LeaseHeldError(
-            f"{self.storage.url} is being written by another process ({holder.describe()}; stale after "
-            f"{_ago(holder.timeout)} without renewal{when}): two writers would "
-            "corrupt the run. Stop that process, wait until its lease is stale, or pass takeover=True "
-            "to take the run over (the other process then stops at its next save)"
-        )
-
     def _landed(self, data: bytes) -> Any | None:
         """After a failed swap: did our write land anyway (a retry after a lost reply)?"""
         found = self.storage.read_run_file(LEASE_NAME)
@@ -568,107 +330,6 @@ def check_timeout(timeout: Any, argument: str = "lease_timeout",
     )
 
 
-# ---------------------------------------------------------------------- this process and machine
-
-
-def _process_start(pid: int) -> int | None:
-    """The process' start time in clock ticks since boot; -1 if it is gone or a zombie; None if unknown."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-    except FileNotFoundError:
-        return -1 if os.path.isdir("/proc/self") else None
-    except (OSError, IndexError):
-        return None
-    try:
-        return -1 if fields[0] == b"Z" else int(fields[19])  # state, then starttime (field 22)
-    except (IndexError, ValueError):
-        return None
-
-
-def _boot_id() -> str | None:
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            return f.read().strip() or None
-    except OSError:
-        return None
-
-
-_HOST = socket.gethostname()
-_BOOT_ID = _boot_id()
-_own_start: tuple[int, int | None] = (-1, None)
-
-
-def _own_process_start() -> int | None:
-    """This process' start time, per pid: a process forked after import has its own."""
-    global _own_start
-    pid = os.getpid()
-    if _own_start[0] != pid:
-        start = _process_start(pid)
-        _own_start = (pid, None if start == -1 else start)
-    return _own_start[1]
-
-
-def _now() -> dt.datetime:
-    now = dt.datetime.now(dt.timezone.utc)
-    return now.replace(microsecond=now.microsecond // 1000 * 1000)  # as lease.json stores it
-
-
-def _iso(moment: dt.datetime) -> str:
-    return moment.astimezone(dt.timezone.utc).isoformat(timespec="milliseconds")
-
-
-def _parse_iso(text: Any) -> dt.datetime:
-    moment = dt.datetime.fromisoformat(_lease_text(text).replace("Z", "+00:00"))
-    return moment if moment.tzinfo else moment.replace(tzinfo=dt.timezone.utc)
-
-
-def _optional_int(value: Any) -> int | None:
-    return value if type(value) is int and abs(value) <= MAX_LEASE_INT else None
-
-
-# Checks of lease.json's fields (`LeaseInfo.from_json`): each raises TypeError or ValueError.
-
-MAX_LEASE_INT = 2**63 - 1  # process ids and start times are far smaller
-
-
-def _lease_text(value: Any) -> str:
-    if type(value) is not str or len(value) > 1024:
-        raise TypeError("a lease field must be a short string")
-    return value
-
-
-def _lease_pid(value: Any) -> int:
-    if type(value) is not int or not 0 < value < 2**31:  # os.kill() takes nothing else
-        raise ValueError("a lease's pid must be a positive integer")
-    return value
-
-
-def _lease_number(value: Any) -> float:
-    """A finite number (strict JSON holds no NaN or infinity; 1e400 is refused while parsing)."""
-    if type(value) not in (int, float) or not math.isfinite(value):
-        raise TypeError("a lease's timeout must be a number")
-    return float(value)
-
-
-def _positive_or_none(value: Any) -> float | None:
-    if type(value) not in (int, float) or not math.isfinite(value) or value <= 0:
-        return None  # absent in leases of older versions
-    return float(value)
-
-
-def _show(moment: dt.datetime) -> str:
-    return moment.astimezone(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
-
-
-def _ago(seconds: float) -> str:
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
-
-
 # ---------------------------------------------------------------------- interpreter exit
 
 _held: set[Lease] = set()  # strong: a held lease is released at exit even if nothing else keeps it
@@ -706,5 +367,5 @@ def _release_at_exit() -> None:
                   file=sys.stderr)
 
 
-__all__ = ["DEFAULT_TIMEOUT", "LEASE_NAME", "Lease", "LeaseInfo", "check_holder", "check_timeout",
-           "read_lease"]
+__all__ = ["DEFAULT_TIMEOUT", "LEASE_FORMAT", "LEASE_NAME", "MAX_WAIT", "MIN_WATCH", "TORN_GRACE", "Lease",
+           "LeaseInfo", "check_holder", "check_timeout", "read_lease"]

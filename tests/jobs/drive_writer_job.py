@@ -38,9 +38,9 @@ def main(argv: list[str]) -> int:
 
     from resumable import Manifest, RunStorage
     from resumable.core.errors import CheckpointExistsError, LeaseHeldError, LeaseLostError
-    from resumable.storage import lease
+    from resumable.storage import lease, this_machine
 
-    lease._HOST = args.host
+    this_machine.HOST = args.host
     storage = RunStorage(args.folder)
     held = lease.Lease(storage, timeout=args.lease_timeout)
     try:

@@ -46,10 +46,10 @@ def main(argv: list[str]) -> int:
 
     import resumable
     from resumable.core.errors import LeaseHeldError, LeaseLostError
-    from resumable.storage import lease
+    from resumable.storage import lease, this_machine
 
     if args.as_host:
-        lease._HOST = args.as_host
+        this_machine.HOST = args.as_host
 
     handler = logging.StreamHandler(sys.stdout)
     handler.setFormatter(logging.Formatter("LOG %(message)s"))

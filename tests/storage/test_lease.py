@@ -1,7 +1,7 @@
 """The writer lease: one process writes a run folder; others get a clear error or take over.
 
 Unit tests run over local, memory:// and gs:// (fake-gcs-server). Another host is played by
-changing the host name resumable.storage.lease records (``as_host``); other processes on this host
+changing the host name resumable.storage.this_machine gives leases (``as_host``); other processes on this host
 are real ones. The two-process tests at the end train with real Keras in subprocesses.
 """
 
@@ -28,7 +28,7 @@ from paths import JOBS
 
 from resumable import RunStorage
 from resumable.core.errors import LeaseHeldError, LeaseLostError
-from resumable.storage import lease
+from resumable.storage import lease, this_machine
 from resumable.storage.lease import LEASE_NAME, Lease, LeaseInfo, read_lease
 
 JOB = JOBS / "lease_job.py"
@@ -47,7 +47,7 @@ def as_host(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
     """``as_host("b")``: leases taken from now on name host "b", as another machine's would."""
 
     def switch(name: str) -> None:
-        monkeypatch.setattr(lease, "_HOST", name)
+        monkeypatch.setattr(this_machine, "HOST", name)
 
     yield switch
 
@@ -86,7 +86,7 @@ def test_acquire_writes_holder_and_is_never_a_checkpoint(run_url: str) -> None:
     held.acquire()
     written = lease_file(storage)
     assert written is not None
-    assert written["host"] == lease._HOST and written["pid"] == os.getpid()
+    assert written["host"] == this_machine.HOST and written["pid"] == os.getpid()
     assert written["timeout"] == lease.DEFAULT_TIMEOUT
     info = read_lease(storage)
     assert info is not None and info.token == held.info.token if held.info else False
@@ -233,7 +233,7 @@ def test_blocks_means_a_writer_that_renews_on_time(as_host) -> None:  # type: ig
     assert not old.stale()  # by another machine's clock alone: never; a writer watches it
     assert old.stale(server_age=41) and not fresh.stale(server_age=39)  # by the storage's clock
     assert not fresh.blocks(server_age=20) and silent.blocks(server_age=1)
-    ours = dataclasses.replace(old, host=lease._HOST, boot_id=lease._BOOT_ID)
+    ours = dataclasses.replace(old, host=this_machine.HOST, boot_id=this_machine.BOOT_ID)
     assert ours.stale()  # this machine's clock is ours
     future = dataclasses.replace(ours, renewed=now + dt.timedelta(days=365 * 70))
     assert not future.clock_is_ours() and not future.stale()  # "renewed in 2099": watched, not trusted
@@ -314,8 +314,8 @@ def test_a_lease_of_a_dead_process_on_this_host_is_taken_over(tmp_path: Path) ->
     child = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                            capture_output=True, text=True, check=True)
     now = dt.datetime.now(dt.timezone.utc)
-    gone = LeaseInfo(token="x", host=lease._HOST, pid=int(child.stdout), started=now, renewed=now,
-                     timeout=600, boot_id=lease._BOOT_ID)
+    gone = LeaseInfo(token="x", host=this_machine.HOST, pid=int(child.stdout), started=now, renewed=now,
+                     timeout=600, boot_id=this_machine.BOOT_ID)
     assert storage.create_run_file(LEASE_NAME, gone.to_json()) is not None
     assert gone.process_gone()
     held = Lease(storage)
@@ -345,8 +345,8 @@ def test_a_live_process_on_this_host_keeps_its_lease(tmp_path: Path) -> None:
 
 def skewed_clock(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
     """This process' wall clock, as the lease reads it, ``seconds`` ahead (behind if negative)."""
-    real = lease._now
-    monkeypatch.setattr(lease, "_now", lambda: real() + dt.timedelta(seconds=seconds))
+    real = this_machine.now
+    monkeypatch.setattr(this_machine, "now", lambda: real() + dt.timedelta(seconds=seconds))
 
 
 @pytest.mark.parametrize("backend", ["local", "gcs"])
@@ -380,8 +380,8 @@ def test_a_lease_renewed_in_the_future_blocks_for_one_timeout_not_until_then(  #
     alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         far = dt.datetime(2099, 1, 1, tzinfo=dt.timezone.utc)
-        hostile = LeaseInfo(token="x", host=lease._HOST, pid=alive.pid, started=far, renewed=far, timeout=1.0,
-                            boot_id=lease._BOOT_ID, renew_interval=0.25)
+        hostile = LeaseInfo(token="x", host=this_machine.HOST, pid=alive.pid, started=far, renewed=far,
+                            timeout=1.0, boot_id=this_machine.BOOT_ID, renew_interval=0.25)
         assert storage.create_run_file(LEASE_NAME, hostile.to_json()) is not None
         assert not hostile.process_gone()
         started = time.monotonic()

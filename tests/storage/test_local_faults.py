@@ -28,7 +28,7 @@ from resumable import Manifest, RetryPolicy, RunStorage, Status, StorageError
 from resumable.core.errors import LeaseHeldError, LeaseLostError, NoSpaceError
 from resumable.core.manifest import MANIFEST_NAME
 from resumable.manager.run_manager import RunManager
-from resumable.storage import lease
+from resumable.storage import lease, lease_contest, this_machine
 from resumable.storage.lease import LEASE_NAME, Lease, read_lease
 
 RETRY = RetryPolicy(attempts=3, initial_delay=0.001, max_delay=0.002)
@@ -265,12 +265,12 @@ def test_a_mount_without_hard_links_or_locks_still_has_one_writer(
     held.renew()
     assert read_lease(storage) == held.info and faults.count("link") >= 1
     no_strays(storage.root)
-    lease._HOST, saved = "another-host", lease._HOST
+    this_machine.HOST, saved = "another-host", this_machine.HOST
     try:
         with pytest.raises(LeaseHeldError):
             Lease(storage).acquire()  # 600 s to go stale: refused at once
     finally:
-        lease._HOST = saved
+        this_machine.HOST = saved
     held.release()
     assert storage.read_run_file(LEASE_NAME) is None
 
@@ -302,8 +302,8 @@ def test_a_lease_being_written_is_never_taken_over(
     """No hard links: the lease file exists, empty, before its bytes land. A contender that reads
     it then must wait, not take it over (two writers would both think they hold the run)."""
     faults.fail("link", errno=errno.EPERM, times=None)
-    monkeypatch.setattr(lease, "TORN_GRACE", 5.0)
-    monkeypatch.setattr(lease, "TORN_POLL", 0.02)
+    monkeypatch.setattr(lease_contest, "TORN_GRACE", 5.0)
+    monkeypatch.setattr(lease_contest, "TORN_POLL", 0.02)
     holder = Lease(storage, timeout=2, renew_interval=0.1)
     outcome: list[BaseException | None] = []
     contender_waiting = threading.Event()
@@ -321,13 +321,13 @@ def test_a_lease_being_written_is_never_taken_over(
         f = real_open(file, mode, *args, **kwargs)  # type: ignore[call-overload]
         if "x" in mode and str(file).endswith(LEASE_NAME) and not contender_waiting.is_set():
             contender_waiting.set()
-            lease._HOST = "another-host"  # the contender is another machine
+            this_machine.HOST = "another-host"  # the contender is another machine
             thread = threading.Thread(target=contend)
             thread.start()
             time.sleep(0.3)  # it reads the empty file meanwhile
         return f
 
-    monkeypatch.setattr(lease, "_HOST", lease._HOST)
+    monkeypatch.setattr(this_machine, "HOST", this_machine.HOST)
     monkeypatch.setattr("builtins.open", slow_create)
     holder.acquire()
     monkeypatch.setattr("builtins.open", real_open)
@@ -343,8 +343,8 @@ def test_a_lease_being_written_is_never_taken_over(
 def test_a_lease_that_stays_torn_is_taken_after_the_grace(
     storage: RunStorage, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(lease, "TORN_GRACE", 0.3)
-    monkeypatch.setattr(lease, "TORN_POLL", 0.02)
+    monkeypatch.setattr(lease_contest, "TORN_GRACE", 0.3)
+    monkeypatch.setattr(lease_contest, "TORN_POLL", 0.02)
     storage.create_run_file(LEASE_NAME, b"")  # its writer died between the create and the write
     started = time.monotonic()
     held = Lease(storage)
