@@ -3,15 +3,14 @@ run.fit writes (the manager builds its writer then); run.fit then takes the leas
 
 from __future__ import annotations
 
-import gc
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
 import backends
 import numpy as np
 import pytest
+from writer_traces import instances, new_threads, run_folder
 
 import resumable
 from resumable import RunStorage
@@ -37,26 +36,6 @@ def make_model() -> Any:
                               keras.layers.Dense(1)])
     model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse")
     return model
-
-
-def run_folder(storage: RunStorage) -> dict[str, tuple[Any, ...]]:
-    """Every file under the run folder: its size and whatever modification time the backend keeps."""
-    found = storage.fs.find(storage.root, detail=True)
-    return {path: (info.get("size"), info.get("mtime"), info.get("updated"), info.get("created"),
-                   info.get("generation")) for path, info in found.items()}
-
-
-def instances(kind: type) -> int:
-    gc.collect()
-    return sum(1 for o in gc.get_objects() if isinstance(o, kind))
-
-
-def new_threads(before: set[threading.Thread]) -> set[str]:
-    """Threads alive now that were not before (a download's own thread ends when it is done)."""
-    deadline = time.monotonic() + 10
-    while (extra := set(threading.enumerate()) - before) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return {t.name for t in extra}
 
 
 class LeaseSeen(keras.callbacks.Callback):  # type: ignore[misc]

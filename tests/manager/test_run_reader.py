@@ -4,40 +4,18 @@ fences the storage before writing."""
 
 from __future__ import annotations
 
-import gc
 import threading
-import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 from storage_helpers import commit, names, put_raw
+from writer_traces import instances, new_threads, run_folder
 
 from resumable import Manifest, RunStorage
 from resumable.core.policy import Retention
 from resumable.manager.run_manager import RunManager
 from resumable.manager.uploader import Uploader
 from resumable.storage.lease import Lease, read_lease
-
-
-def instances(kind: type) -> int:
-    gc.collect()
-    return sum(1 for o in gc.get_objects() if isinstance(o, kind))
-
-
-def run_folder(storage: RunStorage) -> dict[str, tuple[Any, ...]]:
-    """Every file under the run folder: its size and whatever modification time the backend keeps."""
-    found = storage.fs.find(storage.root, detail=True)
-    return {path: (info.get("size"), info.get("mtime"), info.get("updated"), info.get("created"),
-                   info.get("generation")) for path, info in found.items()}
-
-
-def threads_back_to(before: set[threading.Thread]) -> set[str]:
-    """The names of threads still alive that were not before (a download's thread ends on its own)."""
-    deadline = time.monotonic() + 10
-    while (extra := set(threading.enumerate()) - before) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return {t.name for t in extra}
 
 
 @pytest.fixture
@@ -79,7 +57,7 @@ def test_a_resume_that_only_reads_builds_no_writer(two_checkpoints: RunStorage, 
     assert manager.writes_in_place == (backend == "local")
 
     assert instances(Lease) == leases and instances(Uploader) == uploaders
-    assert threads_back_to(before) == set()
+    assert new_threads(before) == set()
     assert manager.storage.fence is None  # nothing fenced: nothing written
     assert read_lease(storage) is None
     assert run_folder(storage) == listing  # not a byte, not a timestamp changed
