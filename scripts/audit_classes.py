@@ -265,15 +265,15 @@ def _as_host(name: str, clock_ahead: float = 0.0) -> Iterator[None]:
     """Leases taken inside name host ``name``; the lease reads a clock ``clock_ahead`` s fast."""
     import datetime as dt
 
-    from resumable.storage import lease
+    from resumable.storage import this_machine
 
-    host, now = lease._HOST, lease._now
-    lease._HOST = name
-    lease._now = lambda: now() + dt.timedelta(seconds=clock_ahead)
+    host, now = this_machine.HOST, this_machine.now
+    this_machine.HOST = name
+    this_machine.now = lambda: now() + dt.timedelta(seconds=clock_ahead)
     try:
         yield
     finally:
-        lease._HOST, lease._now = host, now
+        this_machine.HOST, this_machine.now = host, now
 
 
 @case("lease-contender-clock-60-s-ahead")
@@ -310,14 +310,14 @@ def _(folder: Path, outcome: Any) -> None:
 
     from resumable import RunStorage
     from resumable.core.errors import LeaseHeldError
-    from resumable.storage import lease
+    from resumable.storage import lease, this_machine
 
     storage = RunStorage(str(folder / "run"))
     alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         far = dt.datetime(2099, 1, 1, tzinfo=dt.timezone.utc)
-        hostile = lease.LeaseInfo(token="x", host=lease._HOST, pid=alive.pid, started=far, renewed=far,
-                                  timeout=1.0, boot_id=lease._BOOT_ID)
+        hostile = lease.LeaseInfo(token="x", host=this_machine.HOST, pid=alive.pid, started=far, renewed=far,
+                                  timeout=1.0, boot_id=this_machine.BOOT_ID)
         storage.create_run_file(lease.LEASE_NAME, hostile.to_json())
         started = time.monotonic()
         with captured():
