@@ -22,6 +22,7 @@ from resumable.keras import compat, multihost, notebook, topology, training_stat
 from resumable.keras.checkpoint_builder import CheckpointBuilder, Progress
 from resumable.keras.commit_lines import CommitLines
 from resumable.keras.inputs import Feed, describe, plain_fit_problem
+from resumable.keras.restored_state import RestoredState
 from resumable.keras.save_options import DEFAULT_SHARD_GIB, Option, check_options
 from resumable.keras.save_schedule import SaveSchedule
 from resumable.manager.job_commit import DEFAULT_BARRIER_TIMEOUT
@@ -136,6 +137,12 @@ class CheckpointCallback(keras.callbacks.Callback):
             which names the processes it waited for. Unused otherwise. Defaults to 600.
     """
 
+    # BackupAndRestore's semantics, as Keras': a fit with nothing restored starts at fit's own
+    # initial_epoch; saves happen at this callback's place among the fit's callbacks, not after
+    # the callbacks that keep state.
+    epoch_from_fit = False
+    saves_where_listed = False
+
     filepath = Option[str]()
     monitor = Option[str]()
     mode = Option[str]()
@@ -209,27 +216,14 @@ class CheckpointCallback(keras.callbacks.Callback):
         self.stopped_early = False
         self.strategy: Any = None
         self.callbacks: list[keras.callbacks.Callback] | None = None  # the fit's callbacks, set by Run.fit
-        self._restored: CheckpointInfo | None = None
-        self._pending_restore: dict[str, Any] | None = None
-        self._pending_arrays: dict[str, Any] = {}
+        self.restored_state = RestoredState()  # what a restored checkpoint hands to the next fit
         self._pending_save: dict[str, Any] | None = None  # the epoch's logs dict, shared by all callbacks
         self._siblings: list[keras.callbacks.Callback] = []
         self._last = True
         self._first_epoch = True
         self._batch_in_epoch = 0
-        # Mid-epoch resume: the batch the restored checkpoint was taken at, the RNG states at the
-        # start of its epoch (they decide the epoch's data order) and its metrics' running totals.
-        self.resume_batch = 0
-        self.resume_epoch_rng: dict[str, Any] | None = None
-        # Where the inputs stood at the restored (then the newest saved) checkpoint: streams'
-        # positions, for Run.fit's Feed; and that Feed while Run.fit runs (its positions go into
-        # every checkpoint).
-        self.resume_inputs: dict[str, Any] = {}
-        self.feed: Feed | None = None
+        self.feed: Feed | None = None  # Run.fit's, while it runs: its positions go into every checkpoint
         self._said_plain_fit = False
-        self._resume_learning_rate: Any = None  # the optimizer's rate in a restored mid-epoch checkpoint
-        self._resume_metrics: dict[str, Any] = {}
-        self._batch_offset = 0  # batches of the current epoch done before this fit (set by Run.fit)
         self._in_epoch = False
         self._fit_in_main_thread = False  # where the fit holding the lease began (see _after_the_cell)
         self._cell_watched = False  # _after_the_cell is registered for the notebook cell running now
@@ -264,6 +258,31 @@ class CheckpointCallback(keras.callbacks.Callback):
         return self.builder.last_saved_step
 
     @property
+    def restored(self) -> CheckpointInfo | None:
+        """The checkpoint this run was restored from, or None."""
+        return self.restored_state.checkpoint
+
+    @property
+    def resume_batch(self) -> int:
+        """The batch the restored checkpoint was taken at, in its epoch (0: an epoch end)."""
+        return self.restored_state.batch
+
+    @property
+    def resume_epoch_rng(self) -> dict[str, Any] | None:
+        """The RNG states at the start of the restored mid-epoch checkpoint's epoch (its data order)."""
+        return self.restored_state.epoch_rng
+
+    @property
+    def resume_inputs(self) -> dict[str, Any]:
+        """Where the inputs stood at the restored (then the newest saved) checkpoint, for Run.fit's Feed."""
+        return self.restored_state.inputs
+
+    @property
+    def batches_in_epoch(self) -> int:
+        """Batches of the current epoch done, restored ones included; 0 between epochs."""
+        return self._batch_in_epoch if self._in_epoch else 0
+
+    @property
     def best(self) -> float | None:
         """The best value of ``monitor`` so far (None: none yet)."""
         return self.schedule.best
@@ -279,6 +298,15 @@ class CheckpointCallback(keras.callbacks.Callback):
         self.history = []
         self.best = self.schedule.initial_best
 
+    def forget_run(self) -> None:
+        """Before a fit of a callback that serves several (BackupAndRestore): nothing restored, no
+        epoch done, no history, the best as given at construction; checkpoints found damaged stay so."""
+        self.restored_state.forget()
+        self.manager.resumed_from(None, self.manager.damaged)
+        self.start_over()
+        self.stopped_early = False
+        self.builder.last_saved_step = None
+
     # ------------------------------------------------------------------ restoring (used by resume)
 
     def restore(self, checkpoint: CheckpointInfo, state: dict[str, Any], arrays: dict[str, Any],
@@ -289,7 +317,7 @@ class CheckpointCallback(keras.callbacks.Callback):
         """
         manifest = checkpoint.manifest
         assert manifest is not None
-        self._restored = checkpoint
+        self.restored_state.take(checkpoint, state, arrays)
         self.manager.resumed_from(checkpoint, set(damaged or ()))
         self.epochs_done = manifest.epoch
         best = state.get("best")
@@ -305,38 +333,25 @@ class CheckpointCallback(keras.callbacks.Callback):
                     f"run's history: {self.best}", stacklevel=4,  # resume()'s caller (via restore_checkpoint)
                 )
         self.stopped_early = bool(state.get("stopped_early", False))
-        self._pending_restore = {"callbacks": state.get("callbacks", {}), "rng": state.get("rng", {})}
-        self._pending_arrays = arrays
-        self.resume_batch = int(manifest.batch or 0)
-        self.resume_epoch_rng = state.get("epoch_rng") if self.resume_batch else None
-        self.resume_inputs = state.get("inputs") or {}
-        self._resume_metrics = {k: v for k, v in arrays.items() if k.startswith("metrics/")}
         self.builder.last_saved_step = manifest.step
 
     def give_state(self, callbacks: Sequence[keras.callbacks.Callback]) -> None:
         """Restore the checkpoint's callback states into ``callbacks`` now, not at the next fit's
         first epoch (a run that is over: `Run.fit` trains no more)."""
-        if self._pending_restore is not None:
-            training_state.restore_callback_states(callbacks, self._pending_restore["callbacks"],
-                                                   self._pending_arrays)
+        self.restored_state.give_state(callbacks)
 
     def begin_partial_epoch(self, batch: int, model: keras.Model) -> None:
         """The next fit of ``model`` runs the rest of the restored checkpoint's epoch, from ``batch``
         (Run.fit)."""
-        self._batch_offset = batch
-        self._resume_learning_rate = training_state.learning_rate(model)
+        self.restored_state.begin_partial_epoch(batch, model)
 
     def replay_epoch(self) -> None:
         """The restored mid-epoch checkpoint's epoch restarts from its first batch."""
-        self.resume_batch = 0
-        self.resume_epoch_rng = None
-        self._resume_metrics = {}
+        self.restored_state.replay_epoch()
 
     def carry_over(self) -> None:
         """Hand the other callbacks' state to the next fit of this session (Keras resets it)."""
-        states, arrays = training_state.callback_states(self._siblings)
-        self._pending_restore = {"callbacks": states, "rng": {}}
-        self._pending_arrays = arrays
+        self.restored_state.carry_over(self._siblings)
         self._first_epoch = True
 
     def request_stop(self, signum: int) -> None:
@@ -358,22 +373,22 @@ class CheckpointCallback(keras.callbacks.Callback):
         # Keras tells a callback nothing of its siblings: Run.fit passes them, a plain fit is searched
         self._siblings = list(self.callbacks) if self.callbacks is not None else (
             compat.running_fit_callbacks(self))
-        self._last = _runs_last(self, self._siblings)
+        self._last = self.saves_where_listed or _runs_last(self, self._siblings)
         self._first_epoch = True
         self._pending_save = None
         self._witnessed = None
         self._in_epoch = False
         self.schedule.restart_clock()  # timed saves count training time only
         self.lines.hold()
-        if self.callbacks is None and self._restored is not None and (self.epochs_done or self.resume_batch):
+        if self.callbacks is None and self.restored is not None and (self.epochs_done or self.resume_batch):
             self._say_if_plain_fit_cannot_replay()
         self._every_process_writes()  # #36: decided by every process before any save
         if self.manager.job is not None:  # #36: every process learns whether process 0 could take the folder
             self.epochs_done = int(self.manager.job.start(self._take_run_folder).get("epochs_done",
                                                                                       self.epochs_done))
-        elif self._chief():
+        elif self.is_chief():
             self._take_run_folder()
-        if self._chief():
+        if self.is_chief():
             self._fit_in_main_thread = threading.current_thread() is threading.main_thread()
             if not self._cell_watched:
                 self._cell_watched = notebook.after_this_cell(self._after_the_cell)
@@ -396,25 +411,18 @@ class CheckpointCallback(keras.callbacks.Callback):
         if self._first_epoch:
             self._first_epoch = False
             self._start(epoch)
-        offset = self._batch_offset
+        offset = self.restored_state.batch_offset
         self._batch_in_epoch = offset
         self._epoch_start_step = training_state.iterations(self.model) - offset
         self.schedule.epoch_begins(self._epoch_start_step + offset)
-        if offset:
-            # The rest of a restored epoch: its data order came from the RNG states at its start.
-            self._epoch_rng = self.resume_epoch_rng or {}
-            # Its on_epoch_begin ran in the session that saved it; callbacks that set the learning
-            # rate there (LearningRateScheduler) just did it again: the checkpoint's rate stands.
-            training_state.set_learning_rate(self.model, self._resume_learning_rate)
-        else:
-            self._epoch_rng = training_state.rng_state()
-            self._resume_metrics = {}
+        # The rest of a restored epoch: its data order came from the RNG states at its start.
+        self._epoch_rng = self.restored_state.start_epoch(self.model)
         self._in_epoch = True
 
     @_gives_lease_back_on_error
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         self._witnessed = None
-        self._batch_in_epoch = self._batch_offset + batch + 1
+        self._batch_in_epoch = self.restored_state.batch_offset + batch + 1
         self._add_resumed_metrics()
         self._stop_if_asked()
         self.manager.check_lease()  # taken over by another process (found by a renewal): stop training
@@ -437,8 +445,7 @@ class CheckpointCallback(keras.callbacks.Callback):
         self.history.append(floats)
         self.epochs_done = epoch + 1
         self._in_epoch = False
-        self._batch_offset = 0
-        self.resume_batch = 0
+        self.restored_state.end_epoch()
         if self._last:  # every other callback has run its on_epoch_end: the state is this epoch's
             self.stopped_early = bool(self.model.stop_training)
             self._save(self.epochs_done, 0, floats)
@@ -521,7 +528,7 @@ class CheckpointCallback(keras.callbacks.Callback):
         if batch <= 0 or step == self.last_saved_step:
             return None
         steps = (self.params or {}).get("steps")
-        if steps is not None and batch >= steps + self._batch_offset:
+        if steps is not None and batch >= steps + self.restored_state.batch_offset:
             return (f"interrupted after the last batch of epoch {self.epochs_done + 1}, before its end "
                     "(validation, callbacks): not saved")
         if self.save_best_only:
@@ -550,23 +557,9 @@ class CheckpointCallback(keras.callbacks.Callback):
         """Once the first batch of a resumed epoch has built the metrics, add the saved totals; and
         correct that batch's ``logs`` (the dict every callback after this call is given), which
         Keras computed from the one batch."""
-        if self._resume_metrics:
-            self._add_saved_metrics()
-            if logs is not None:
-                floats = training_state.logs_to_floats(_metrics_result(self.model))
-                logs.update({k: v for k, v in floats.items() if k in logs})
-
-    def _add_saved_metrics(self) -> None:
-        if self._resume_metrics:
-            saved, self._resume_metrics = self._resume_metrics, {}
-            try:
-                added = training_state.add_metrics(self.model, saved)
-            except Exception as e:  # noqa: BLE001 - metrics are reporting; training goes on
-                logger.warning("resumable: could not restore the epoch's metric totals: %s", e)
-                added = True
-            if not added:
-                logger.warning("resumable: this epoch's metrics count from the resumed batch only "
-                               "(the saved metric states do not fit)")
+        if self.restored_state.add_metrics(self.model) and logs is not None:
+            floats = training_state.logs_to_floats(_metrics_result(self.model))
+            logs.update({k: v for k, v in floats.items() if k in logs})
 
     def _stop_if_asked(self) -> None:
         signum = self.take_stop_request()
@@ -579,28 +572,22 @@ class CheckpointCallback(keras.callbacks.Callback):
     # ------------------------------------------------------------------ saving
 
     def _start(self, epoch: int) -> None:
+        if self.epoch_from_fit and self.restored is None:
+            self.epochs_done = epoch  # nothing restored: fit's own initial_epoch
         if epoch != self.epochs_done:
             raise ResumableError(
                 f"model.fit started at epoch {epoch} but {self.filepath} has {self.epochs_done} epochs done; "
                 f"pass initial_epoch={self.epochs_done} to fit, or use run.fit() from resumable.resume()"
             )
-        if self.resume_batch and not self._batch_offset:
+        if self.resume_batch and not self.restored_state.batch_offset:
             warnings.warn(
-                f"resumable: {self._restored.url if self._restored else self.filepath} was saved "
+                f"resumable: {self.restored.url if self.restored else self.filepath} was saved "
                 f"{self.resume_batch} batches into epoch {epoch + 1}; model.fit cannot start there, so "
                 "that epoch restarts from its first batch (run.fit continues at the saved batch)",
                 stacklevel=2,
             )
             self.replay_epoch()
-        if self._pending_restore is not None:
-            restored = training_state.restore_callback_states(
-                self._siblings, self._pending_restore["callbacks"], self._pending_arrays
-            )
-            training_state.set_rng_state(self._pending_restore["rng"])
-            if restored:
-                logger.info("resumable: restored the state of %s", ", ".join(restored))
-            self._pending_restore = None
-            self._pending_arrays = {}
+        self.restored_state.hand_over(self._siblings)
 
     def _save_pending(self) -> None:
         if self._pending_save is not None:
@@ -616,7 +603,7 @@ class CheckpointCallback(keras.callbacks.Callback):
         if not self.schedule.keeps(epoch, logs, mid_epoch=batch > 0):
             return
         self.schedule.restart_clock()
-        if not self._chief() and self.manager.job is None:  # #36: in a split job every process saves
+        if not self.is_chief() and self.manager.job is None:  # #36: in a split job every process saves
             return
         progress = Progress(epochs_done=self.epochs_done, best=self.best, stopped_early=self.stopped_early,
                             epochs_planned=(self.params or {}).get("epochs"),
@@ -624,7 +611,7 @@ class CheckpointCallback(keras.callbacks.Callback):
         callback_states, arrays = training_state.callback_states(self._siblings)
         state = self.builder.state(self.model, progress, callback_states, step, batch, self.feed)
         if "inputs" in state:  # where the inputs stand at the newest checkpoint, for a later run.fit
-            self.resume_inputs = state["inputs"]
+            self.restored_state.inputs = state["inputs"]
         if batch:
             self._add_resumed_metrics()
             state["epoch_rng"] = self._epoch_rng
@@ -640,7 +627,8 @@ class CheckpointCallback(keras.callbacks.Callback):
 
     # ------------------------------------------------------------------ checks
 
-    def _chief(self) -> bool:
+    def is_chief(self) -> bool:
+        """Whether this process writes the run folder (process 0 of a distributed job)."""
         return topology.is_chief(self.model, self.strategy)
 
     def _every_process_writes(self) -> None:
@@ -668,7 +656,7 @@ class CheckpointCallback(keras.callbacks.Callback):
 
     def _check_run_folder(self) -> None:
         """Refuse to mix a new training run into a folder that already holds one."""
-        restored = self._restored.name if self._restored is not None else None
+        restored = self.restored.name if self.restored is not None else None
         epochs_done = self.manager.check_continues(restored, training_state.iterations(self.model))
         if epochs_done is not None:
             self.epochs_done = epochs_done
