@@ -6,8 +6,6 @@ import datetime
 import functools
 import logging
 import signal
-import sys
-import threading
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -17,13 +15,13 @@ import keras
 
 from resumable.core.errors import ResumableError
 from resumable.core.naming import DEFAULT_TEMPLATE
-from resumable.core.policy import Retention
-from resumable.keras import compat, multihost, notebook, topology, training_state
+from resumable.keras import compat, multihost, topology, training_state
 from resumable.keras.checkpoint_builder import CheckpointBuilder, Progress
 from resumable.keras.commit_lines import CommitLines
+from resumable.keras.fit_lease import FitLease
 from resumable.keras.inputs import Feed, describe, plain_fit_problem
 from resumable.keras.restored_state import RestoredState
-from resumable.keras.save_options import DEFAULT_SHARD_GIB, Option, check_options
+from resumable.keras.save_options import DEFAULT_SHARD_GIB, OptionAttributes, check_options
 from resumable.keras.save_schedule import SaveSchedule
 from resumable.manager.job_commit import DEFAULT_BARRIER_TIMEOUT
 from resumable.manager.run_manager import RunManager
@@ -44,13 +42,13 @@ def _gives_lease_back_on_error(hook: _Hook) -> _Hook:
         try:
             hook(self, *args, **kwargs)
         except Exception:
-            self._end_after_error()
+            self.fit_lease.end_after_error()
             raise
 
     return cast(_Hook, wrapper)
 
 
-class CheckpointCallback(keras.callbacks.Callback):
+class CheckpointCallback(OptionAttributes, keras.callbacks.Callback):
     """Save resumable checkpoints of a Keras model to a run folder, keeping the last and the best.
 
     Each checkpoint is serialized to a local staging folder, copied to the run folder (a local
@@ -143,22 +141,6 @@ class CheckpointCallback(keras.callbacks.Callback):
     epoch_from_fit = False
     saves_where_listed = False
 
-    filepath = Option[str]()
-    monitor = Option[str]()
-    mode = Option[str]()
-    save_best_only = Option[bool]()
-    save_weights_only = Option[bool]()
-    save_trainable_only = Option[bool]()
-    save_freq = Option[str | int]()
-    save_interval = Option[float | None]()
-    retention = Option[Retention]()
-    verbose = Option[int]()
-    async_upload = Option[bool]()
-    takeover = Option[bool]()
-    max_shard_size = Option[float | None]()
-    when_behind = Option[str]()
-    barrier_timeout = Option[float]()
-
     def __init__(
         self,
         filepath: str,
@@ -210,6 +192,7 @@ class CheckpointCallback(keras.callbacks.Callback):
                                      keep_best=options.retention.keep_best,
                                      initial_best=options.initial_value_threshold)
         self.builder = CheckpointBuilder(options, self.manager, self.lines)
+        self.fit_lease = FitLease(options, self.manager, self.lines)
         self._witnessed: tuple[str, int, Any] | None = None  # a hook end seen first by Run.fit's witness
         self.history: list[dict[str, float]] = []  # per-epoch logs of every epoch of the run
         self.epochs_done = 0
@@ -225,8 +208,6 @@ class CheckpointCallback(keras.callbacks.Callback):
         self.feed: Feed | None = None  # Run.fit's, while it runs: its positions go into every checkpoint
         self._said_plain_fit = False
         self._in_epoch = False
-        self._fit_in_main_thread = False  # where the fit holding the lease began (see _after_the_cell)
-        self._cell_watched = False  # _after_the_cell is registered for the notebook cell running now
         self._epoch_start_step = 0  # optimizer iterations when the current epoch began
         self._epoch_rng: dict[str, Any] = {}
         self._stop_signal: int | None = None  # a SIGINT/SIGTERM asked to save and stop
@@ -320,18 +301,14 @@ class CheckpointCallback(keras.callbacks.Callback):
         self.restored_state.take(checkpoint, state, arrays)
         self.manager.resumed_from(checkpoint, set(damaged or ()))
         self.epochs_done = manifest.epoch
-        best = state.get("best")
-        self.best = None if best is None else float(best)
         self.history = [{k: float(v) for k, v in logs.items()} for logs in state.get("history", [])]
         saved = (state.get("monitor"), state.get("mode"))
-        if saved[0] is not None and saved != (self.monitor, self.mode):
-            self.best = self.schedule.best_in_history(self.history)
-            if (best, self.best) != (None, None):  # no best then and none in the history: nothing changes
-                warnings.warn(
-                    f"resumable: {checkpoint.url} tracked the best {saved[0]!r} (mode {saved[1]!r}); this "
-                    f"run monitors {self.monitor!r} (mode {self.mode!r}), so its best is taken from the "
-                    f"run's history: {self.best}", stacklevel=4,  # resume()'s caller (via restore_checkpoint)
-                )
+        if self.schedule.restore_best(state.get("best"), self.history, *saved):
+            warnings.warn(
+                f"resumable: {checkpoint.url} tracked the best {saved[0]!r} (mode {saved[1]!r}); this "
+                f"run monitors {self.monitor!r} (mode {self.mode!r}), so its best is taken from the "
+                f"run's history: {self.best}", stacklevel=4,  # resume()'s caller (via restore_checkpoint)
+            )
         self.stopped_early = bool(state.get("stopped_early", False))
         self.builder.last_saved_step = manifest.step
 
@@ -382,16 +359,8 @@ class CheckpointCallback(keras.callbacks.Callback):
         self.lines.hold()
         if self.callbacks is None and self.restored is not None and (self.epochs_done or self.resume_batch):
             self._say_if_plain_fit_cannot_replay()
-        self._every_process_writes()  # #36: decided by every process before any save
-        if self.manager.job is not None:  # #36: every process learns whether process 0 could take the folder
-            self.epochs_done = int(self.manager.job.start(self._take_run_folder).get("epochs_done",
-                                                                                      self.epochs_done))
-        elif self.is_chief():
-            self._take_run_folder()
-        if self.is_chief():
-            self._fit_in_main_thread = threading.current_thread() is threading.main_thread()
-            if not self._cell_watched:
-                self._cell_watched = notebook.after_this_cell(self._after_the_cell)
+        restored = self.restored.name if self.restored is not None else None
+        self.epochs_done = self.fit_lease.begin(self.model, self.strategy, restored, self.epochs_done)
 
     def _say_if_plain_fit_cannot_replay(self) -> None:
         """A resumed run trained by a plain ``model.fit``: once, when its input is not read as an
@@ -469,33 +438,11 @@ class CheckpointCallback(keras.callbacks.Callback):
 
     def warn_if_leased(self) -> None:
         """Warn at once when another live process writes the run folder (`resume`: fit would stop)."""
-        holder = self.manager.blocking_writer()
-        if holder is not None:
-            warnings.warn(
-                f"resumable: {self.filepath} is being written by another process ({holder.describe()}); "
-                "run.fit will stop with LeaseHeldError unless that process stops or you pass takeover=True",
-                stacklevel=3,
-            )
+        self.fit_lease.warn_if_held()
 
     def release_lease(self) -> None:
         """Give the run folder's writer lease back (at train end; `Run.fit` after an exception)."""
         self.manager.release()
-
-    def _end_after_error(self) -> None:
-        self.print_lines(fit_ended=True)
-        self.manager.finish(quiet=True)
-
-    def _after_the_cell(self) -> None:
-        """The notebook cell that ran this fit has ended: if an exception ended the fit (Keras
-        then calls no on_train_end), land the uploads and give the lease back, as run.fit does."""
-        self._cell_watched = False
-        if not (self.manager.lease.held and self._fit_in_main_thread):
-            return  # on_train_end or run.fit gave it back; or a fit in another thread still runs
-        pending = self.manager.pending
-        if pending:
-            print(f"resumable: model.fit was interrupted; finishing the upload of {', '.join(pending)} to "
-                  f"{self.storage.url} ...", file=sys.stderr, flush=True)
-        self._end_after_error()
 
     def wait_for_uploads(self, timeout: float | None = None) -> bool:
         """Block until the checkpoints saved so far are committed (or ``timeout`` seconds pass).
@@ -533,12 +480,16 @@ class CheckpointCallback(keras.callbacks.Callback):
                     "(validation, callbacks): not saved")
         if self.save_best_only:
             return "save_best_only=True saves only improvements at epoch ends: not saved"
-        self._save(self.epochs_done, batch, training_state.logs_to_floats(_metrics_result(model)))
+        logs = training_state.logs_to_floats(training_state.metrics_so_far(model))
+        self._save(self.epochs_done, batch, logs)
         return None
 
     def witness(self, kind: str, index: int, logs: dict[str, Any] | None) -> None:
-        """Run.fit's first callback saw an epoch end or a batch end, before any other callback."""
+        """Run.fit's first callback saw an epoch end or a batch end, before any other callback; a
+        batch end's ``logs`` get a resumed epoch's saved metric totals, for the callbacks after it."""
         self._witnessed = (kind, index, logs)
+        if kind == "batch":
+            self._add_resumed_metrics(logs)
 
     def save_after_error(self) -> None:
         """An exception from another callback ended fit in a hook this one had not reached yet:
@@ -558,7 +509,7 @@ class CheckpointCallback(keras.callbacks.Callback):
         correct that batch's ``logs`` (the dict every callback after this call is given), which
         Keras computed from the one batch."""
         if self.restored_state.add_metrics(self.model) and logs is not None:
-            floats = training_state.logs_to_floats(_metrics_result(self.model))
+            floats = training_state.logs_to_floats(training_state.metrics_so_far(self.model))
             logs.update({k: v for k, v in floats.items() if k in logs})
 
     def _stop_if_asked(self) -> None:
@@ -579,15 +530,7 @@ class CheckpointCallback(keras.callbacks.Callback):
                 f"model.fit started at epoch {epoch} but {self.filepath} has {self.epochs_done} epochs done; "
                 f"pass initial_epoch={self.epochs_done} to fit, or use run.fit() from resumable.resume()"
             )
-        if self.resume_batch and not self.restored_state.batch_offset:
-            warnings.warn(
-                f"resumable: {self.restored.url if self.restored else self.filepath} was saved "
-                f"{self.resume_batch} batches into epoch {epoch + 1}; model.fit cannot start there, so "
-                "that epoch restarts from its first batch (run.fit continues at the saved batch)",
-                stacklevel=2,
-            )
-            self.replay_epoch()
-        self.restored_state.hand_over(self._siblings)
+        self.restored_state.hand_over(self._siblings, epoch, self.filepath)
 
     def _save_pending(self) -> None:
         if self._pending_save is not None:
@@ -631,68 +574,12 @@ class CheckpointCallback(keras.callbacks.Callback):
         """Whether this process writes the run folder (process 0 of a distributed job)."""
         return topology.is_chief(self.model, self.strategy)
 
-    def _every_process_writes(self) -> None:
-        """#36: a model split across the processes of a multi-host job: every process saves its part
-        (`multihost.py`) and process 0 commits. Decided once, by every process, at the fit's start."""
-        if self.manager.job is not None or not multihost.split_across_processes(self.model):
-            return
-        if self.save_trainable_only:
-            raise ValueError(
-                "Invalid value for argument `save_trainable_only`. Received: save_trainable_only=True for a "
-                "model split across processes. Expected False: each process saves the parts it holds.")
-        multihost.check_installed()
-        self.manager.every_process_writes(multihost.channel(self.manager.url), self.barrier_timeout)
-
-    def _take_run_folder(self) -> dict[str, Any]:
-        """The writer's start: the lease, then the run folder checked (given back if that fails);
-        the epochs done, which the other processes of a split job take from process 0."""
-        self.manager.acquire()
-        try:
-            self._check_run_folder()
-        except BaseException:
-            self.release_lease()
-            raise
-        return {"epochs_done": self.epochs_done}
-
-    def _check_run_folder(self) -> None:
-        """Refuse to mix a new training run into a folder that already holds one."""
-        restored = self.restored.name if self.restored is not None else None
-        epochs_done = self.manager.check_continues(restored, training_state.iterations(self.model))
-        if epochs_done is not None:
-            self.epochs_done = epochs_done
-
 
 def _runs_last(callback: keras.callbacks.Callback, callbacks: list[keras.callbacks.Callback]) -> bool:
     """True when no callback that keeps state runs after this one (Keras' History and progress bar don't)."""
     after = callbacks[callbacks.index(callback) + 1:] if callback in callbacks else []
     passive = (keras.callbacks.History, keras.callbacks.ProgbarLogger)
     return all(isinstance(c, passive) for c in after)
-
-
-class Witness(keras.callbacks.Callback):
-    """First among Run.fit's callbacks: tells the checkpoint callback of each epoch and batch end
-    before any other callback runs, so an exception raised by one of them still leaves that
-    epoch's or step's checkpoint to save (`CheckpointCallback.save_after_error`)."""
-
-    def __init__(self, owner: CheckpointCallback) -> None:
-        super().__init__()
-        self.owner = owner
-
-    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-        self.owner.witness("epoch", epoch, logs)
-
-    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-        self.owner.witness("batch", batch, logs)
-        self.owner._add_resumed_metrics(logs)  # the other callbacks see the epoch's running metrics
-
-
-def _metrics_result(model: keras.Model) -> dict[str, Any]:
-    """The model's metrics so far in the epoch; empty when Keras cannot say (no metric built yet)."""
-    try:
-        result: dict[str, Any] = model.get_metrics_result()
-    except Exception:  # noqa: BLE001 - only feeds the manifest's metrics
-        return {}
-    return result
 
 
 __all__ = ["CheckpointCallback"]

@@ -10,6 +10,7 @@ metrics' running totals and its optimizer's learning rate. Also where the inputs
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -72,8 +73,18 @@ class RestoredState:
         if self._pending is not None:
             training_state.restore_callback_states(callbacks, self._pending["callbacks"], self._arrays)
 
-    def hand_over(self, callbacks: Sequence[keras.callbacks.Callback]) -> None:
-        """A fit's first epoch: the other callbacks' states into ``callbacks``, the RNG states set."""
+    def hand_over(self, callbacks: Sequence[keras.callbacks.Callback], epoch: int, run: str) -> None:
+        """A fit's first epoch, ``epoch`` of the run in folder ``run``: the other callbacks' states
+        into ``callbacks``, the RNG states set; a mid-epoch checkpoint's epoch restarts from its
+        first batch unless the fit starts at that batch (`begin_partial_epoch`)."""
+        if self.batch and not self.batch_offset:
+            warnings.warn(
+                f"resumable: {self.checkpoint.url if self.checkpoint else run} was saved "
+                f"{self.batch} batches into epoch {epoch + 1}; model.fit cannot start there, so "
+                "that epoch restarts from its first batch (run.fit continues at the saved batch)",
+                stacklevel=3,
+            )
+            self.replay_epoch()
         if self._pending is None:
             return
         restored = training_state.restore_callback_states(callbacks, self._pending["callbacks"], self._arrays)

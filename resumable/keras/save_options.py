@@ -134,6 +134,28 @@ class Option(Generic[T]):
         raise AttributeError(f"`{self.name}` is a constructor argument: pass it when creating the callback")
 
 
+class OptionAttributes:
+    """The constructor arguments as read-only attributes (``cb.monitor``), read from ``options``."""
+
+    options: SaveOptions
+
+    filepath = Option[str]()
+    monitor = Option[str]()
+    mode = Option[str]()
+    save_best_only = Option[bool]()
+    save_weights_only = Option[bool]()
+    save_trainable_only = Option[bool]()
+    save_freq = Option[str | int]()
+    save_interval = Option[float | None]()
+    retention = Option[Retention]()
+    verbose = Option[int]()
+    async_upload = Option[bool]()
+    takeover = Option[bool]()
+    max_shard_size = Option[float | None]()
+    when_behind = Option[str]()
+    barrier_timeout = Option[float]()
+
+
 def _check_bool(argument: str, value: Any) -> None:
     if not isinstance(value, bool):
         raise ValueError(
@@ -191,4 +213,4 @@ def _check_save_freq(save_freq: Any) -> None:
     )
 
 
-__all__ = ["DEFAULT_SHARD_GIB", "Option", "SaveOptions", "check_options"]
+__all__ = ["DEFAULT_SHARD_GIB", "Option", "OptionAttributes", "SaveOptions", "check_options"]

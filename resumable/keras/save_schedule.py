@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Callable
+from typing import Any
 
 from resumable.core.policy import is_better
 
@@ -90,6 +91,16 @@ class SaveSchedule:
         if improved:
             self.best = current
         return True
+
+    def restore_best(self, best: Any, history: list[dict[str, float]], monitor: str | None,
+                     mode: str | None) -> bool:
+        """Take a restored checkpoint's best value; one that tracked another ``monitor`` or ``mode``
+        gives the best over the run's ``history`` instead. True when that changed the best."""
+        self.best = None if best is None else float(best)
+        if monitor is None or (monitor, mode) == (self.monitor, self.mode):
+            return False
+        self.best = self.best_in_history(history)
+        return (best, self.best) != (None, None)  # no best then and none in the history: nothing changes
 
     def best_in_history(self, history: list[dict[str, float]]) -> float | None:
         """The best value of ``monitor`` over a run's epochs (a run that monitored another metric)."""
