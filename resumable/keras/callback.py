@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import datetime
-import functools
 import logging
 import signal
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any
 
 import keras
 
@@ -18,8 +17,8 @@ from resumable.core.naming import DEFAULT_TEMPLATE
 from resumable.keras import compat, multihost, topology, training_state
 from resumable.keras.checkpoint_builder import CheckpointBuilder, Progress
 from resumable.keras.commit_lines import CommitLines
-from resumable.keras.fit_lease import FitLease
-from resumable.keras.inputs import Feed, describe, plain_fit_problem
+from resumable.keras.fit_lease import FitLease, gives_lease_back_on_error
+from resumable.keras.inputs import Feed
 from resumable.keras.restored_state import RestoredState
 from resumable.keras.save_options import DEFAULT_SHARD_GIB, OptionAttributes, check_options
 from resumable.keras.save_schedule import SaveSchedule
@@ -28,24 +27,6 @@ from resumable.manager.run_manager import RunManager
 from resumable.manager.storage_names import DEFAULT_TIMEOUT, CheckpointInfo, RunStorage
 
 logger = logging.getLogger("resumable")
-
-_Hook = TypeVar("_Hook", bound=Callable[..., None])
-
-
-def _gives_lease_back_on_error(hook: _Hook) -> _Hook:
-    """An exception leaving this hook ends model.fit, and Keras then calls no on_train_end: land
-    the uploads and give the writer lease back. Not for KeyboardInterrupt or SystemExit: Run.fit
-    saves the interrupted state after those, under the lease, then gives it back."""
-
-    @functools.wraps(hook)
-    def wrapper(self: CheckpointCallback, *args: Any, **kwargs: Any) -> None:
-        try:
-            hook(self, *args, **kwargs)
-        except Exception:
-            self.fit_lease.end_after_error()
-            raise
-
-    return cast(_Hook, wrapper)
 
 
 class CheckpointCallback(OptionAttributes, keras.callbacks.Callback):
@@ -206,7 +187,6 @@ class CheckpointCallback(OptionAttributes, keras.callbacks.Callback):
         self._first_epoch = True
         self._batch_in_epoch = 0
         self.feed: Feed | None = None  # Run.fit's, while it runs: its positions go into every checkpoint
-        self._said_plain_fit = False
         self._in_epoch = False
         self._epoch_start_step = 0  # optimizer iterations when the current epoch began
         self._epoch_rng: dict[str, Any] = {}
@@ -358,21 +338,11 @@ class CheckpointCallback(OptionAttributes, keras.callbacks.Callback):
         self.schedule.restart_clock()  # timed saves count training time only
         self.lines.hold()
         if self.callbacks is None and self.restored is not None and (self.epochs_done or self.resume_batch):
-            self._say_if_plain_fit_cannot_replay()
+            self.restored_state.say_if_plain_fit_cannot_replay(compat.running_fit_input(self))
         restored = self.restored.name if self.restored is not None else None
         self.epochs_done = self.fit_lease.begin(self.model, self.strategy, restored, self.epochs_done)
 
-    def _say_if_plain_fit_cannot_replay(self) -> None:
-        """A resumed run trained by a plain ``model.fit``: once, when its input is not read as an
-        unbroken run reads it (`Run.fit` replays it)."""
-        x = compat.running_fit_input(self)
-        problem = None if x is None else plain_fit_problem(x)
-        if problem is not None and not self._said_plain_fit:
-            self._said_plain_fit = True
-            warnings.warn(f"resumable: the training input ({describe(x)}) cannot be replayed exactly: "
-                          f"{problem}", stacklevel=3)
-
-    @_gives_lease_back_on_error
+    @gives_lease_back_on_error
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self.print_lines()  # before Keras' "Epoch N/M" header (its progress bar runs after this callback)
         self._save_pending()
@@ -388,7 +358,7 @@ class CheckpointCallback(OptionAttributes, keras.callbacks.Callback):
         self._epoch_rng = self.restored_state.start_epoch(self.model)
         self._in_epoch = True
 
-    @_gives_lease_back_on_error
+    @gives_lease_back_on_error
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         self._witnessed = None
         self._batch_in_epoch = self.restored_state.batch_offset + batch + 1
@@ -406,7 +376,7 @@ class CheckpointCallback(OptionAttributes, keras.callbacks.Callback):
         if due:
             self._save(self.epochs_done, self._batch_in_epoch, training_state.logs_to_floats(logs))
 
-    @_gives_lease_back_on_error
+    @gives_lease_back_on_error
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self._witnessed = None
         floats = training_state.logs_to_floats(logs)
@@ -567,8 +537,6 @@ class CheckpointCallback(OptionAttributes, keras.callbacks.Callback):
     def print_lines(self, *, fit_ended: bool = False) -> None:
         """Print the commit lines waiting for the training thread; ``fit_ended``: print later ones at once."""
         self.lines.print_lines(fit_ended=fit_ended)
-
-    # ------------------------------------------------------------------ checks
 
     def is_chief(self) -> bool:
         """Whether this process writes the run folder (process 0 of a distributed job)."""

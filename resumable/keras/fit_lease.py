@@ -9,10 +9,12 @@ is decided here by every process, at the fit's start, and process 0 takes the fo
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 import warnings
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar, cast
 
 import keras
 
@@ -20,6 +22,30 @@ from resumable.keras import multihost, notebook, topology, training_state
 from resumable.keras.commit_lines import CommitLines
 from resumable.keras.save_options import SaveOptions
 from resumable.manager.run_manager import RunManager
+
+
+class _Holder(Protocol):
+    fit_lease: FitLease
+
+
+_Hook = TypeVar("_Hook", bound=Callable[..., None])
+
+
+def gives_lease_back_on_error(hook: _Hook) -> _Hook:
+    """For a Keras hook of a callback holding a `FitLease`: an exception leaving the hook ends
+    model.fit, and Keras then calls no on_train_end: land the uploads and give the writer lease
+    back. Not for KeyboardInterrupt or SystemExit: Run.fit saves the interrupted state after
+    those, under the lease, then gives it back."""
+
+    @functools.wraps(hook)
+    def wrapper(self: _Holder, *args: Any, **kwargs: Any) -> None:
+        try:
+            hook(self, *args, **kwargs)
+        except Exception:
+            self.fit_lease.end_after_error()
+            raise
+
+    return cast(_Hook, wrapper)
 
 
 class FitLease:
@@ -101,4 +127,4 @@ class FitLease:
         self.end_after_error()
 
 
-__all__ = ["FitLease"]
+__all__ = ["FitLease", "gives_lease_back_on_error"]

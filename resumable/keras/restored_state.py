@@ -17,6 +17,7 @@ from typing import Any
 import keras
 
 from resumable.keras import training_state
+from resumable.keras.inputs import describe, plain_fit_problem
 from resumable.manager.storage_names import CheckpointInfo
 
 logger = logging.getLogger("resumable")
@@ -36,6 +37,7 @@ class RestoredState:
         self._arrays: dict[str, Any] = {}
         self._metrics: dict[str, Any] = {}  # the epoch's metrics' running totals
         self._learning_rate: Any = None  # the optimizer's rate in a restored mid-epoch checkpoint
+        self._said_plain_fit = False
 
     def take(self, checkpoint: CheckpointInfo, state: dict[str, Any], arrays: dict[str, Any]) -> None:
         """Hold checkpoint ``checkpoint``'s state.json ``state`` and arrays.npz ``arrays``."""
@@ -113,6 +115,15 @@ class RestoredState:
         """An epoch ended: the next one starts at its first batch."""
         self.batch_offset = 0
         self.batch = 0
+
+    def say_if_plain_fit_cannot_replay(self, x: Any) -> None:
+        """A resumed run trained by a plain ``model.fit`` on input ``x``: once, when that input is
+        not read as an unbroken run reads it (`Run.fit` replays it)."""
+        problem = None if x is None else plain_fit_problem(x)
+        if problem is not None and not self._said_plain_fit:
+            self._said_plain_fit = True
+            warnings.warn(f"resumable: the training input ({describe(x)}) cannot be replayed exactly: "
+                          f"{problem}", stacklevel=3)
 
     def add_metrics(self, model: keras.Model) -> bool:
         """Once the first batch of a resumed epoch has built ``model``'s metrics, add the saved
