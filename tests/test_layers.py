@@ -112,3 +112,54 @@ def test_the_checks_find_a_wrong_way_import_and_a_circle() -> None:
     assert circles(edges) == ["resumable.core.a -> resumable.keras.b -> resumable.core.a"]
     assert "resumable.core.manifest" in graph()["resumable.storage.commit" if "resumable.storage.commit"
                                                 in graph() else "resumable.storage.run_storage"]
+
+
+# The callback and the parts it is built from (#33): only these may touch its private fields.
+CALLBACK_PARTS = {"callback.py", "save_options.py", "save_schedule.py", "checkpoint_builder.py",
+                  "commit_lines.py", "restored_state.py"}
+
+
+def callback_private_names() -> set[str]:
+    """The ``_names`` CheckpointCallback defines: its methods and the fields its methods assign."""
+    tree = ast.parse((PACKAGE / "keras" / "callback.py").read_text())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "CheckpointCallback")
+    names = set()
+    for node in ast.walk(cls):
+        if isinstance(node, ast.FunctionDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and isinstance(
+                node.value, ast.Name) and node.value.id == "self":
+            names.add(node.attr)
+    return {n for n in names if n.startswith("_") and not n.startswith("__")}
+
+
+def private_uses(source: str, private: set[str]) -> list[str]:
+    """``line: .name`` for each attribute of ``source`` read or written that is one of ``private``
+    (``self._x`` only in a subclass of CheckpointCallback: elsewhere ``self`` is another object)."""
+    tree = ast.parse(source)
+    own = set()  # self._x of classes that are not the callback's
+    for cls in ast.walk(tree):
+        if isinstance(cls, ast.ClassDef) and not any(
+                isinstance(base, ast.Name) and base.id == "CheckpointCallback" for base in cls.bases):
+            own |= {id(n) for n in ast.walk(cls) if isinstance(n, ast.Attribute)
+                    and isinstance(n.value, ast.Name) and n.value.id == "self"}
+    return [f"{node.lineno}: .{node.attr}" for node in ast.walk(tree)
+            if isinstance(node, ast.Attribute) and node.attr in private and id(node) not in own]
+
+
+def test_only_the_callback_and_its_parts_touch_its_private_fields() -> None:
+    # Run, resume's restore, BackupAndRestore (a subclass), the drop-ins and the signal handlers
+    # use the callback's public methods (restore, restore_nothing, forget_run, start_over, ...).
+    private = callback_private_names()
+    assert {"_save", "_pending_save", "_in_epoch", "_witnessed"} <= private
+    found = {path.name: uses for path in sorted((PACKAGE / "keras").rglob("*.py"))
+             if path.name not in CALLBACK_PARTS and (uses := private_uses(path.read_text(), private))}
+    assert found == {}
+
+
+def test_the_private_field_check_finds_a_field_written_from_outside() -> None:
+    private = callback_private_names()
+    source = ("def roll_back(run):\n    run.callback._in_epoch = False\n"
+              "class Backup(CheckpointCallback):\n    def forget(self):\n        self._pending_save = None\n"
+              "class Feed:\n    def end(self):\n        self._in_epoch = 0\n")
+    assert private_uses(source, private) == ["2: ._in_epoch", "5: ._pending_save"]

@@ -101,6 +101,9 @@ class BackupAndRestore(CheckpointCallback):
             when_behind=when_behind, barrier_timeout=barrier_timeout,
         )
 
+    epoch_from_fit = True  # no backup: fit's own initial_epoch, as in Keras
+    saves_where_listed = True  # back up at this callback's place in the list, as Keras does
+
     def __repr__(self) -> str:
         return f"BackupAndRestore({self.backup_dir!r}, epochs_done={self.epochs_done})"
 
@@ -114,7 +117,8 @@ class BackupAndRestore(CheckpointCallback):
     @property
     def _last_batch_seen(self) -> int:
         """The last batch seen in the current epoch, 0 between epochs (Keras' attribute)."""
-        return self._batch_in_epoch - 1 if self._in_epoch and self._batch_in_epoch else 0
+        seen = self.batches_in_epoch
+        return seen - 1 if seen else 0
 
     def _backup_file(self, index: int, rel: str) -> str:
         """A file of the newest (0) or previous (1) backup, after the pending uploads landed."""
@@ -151,7 +155,7 @@ class BackupAndRestore(CheckpointCallback):
                 f"Model {model} is unbuilt. You can build it beforehand by calling it on a batch of data."
             )
         self.manager.finish(quiet=True)  # an earlier fit an exception ended: its backups land first
-        self._forget_run()
+        self.forget_run()
         reads = loading.ReadOnce()
         found = self._newest_restored(model, reads)
         if found is not None:
@@ -170,7 +174,6 @@ class BackupAndRestore(CheckpointCallback):
                 self.restore_nothing(self.manager.damaged)
             compat.set_fit_initial_epoch(model, None)
         super().on_train_begin(logs)
-        self._last = True  # back up at this callback's place in the list, as Keras does
 
     def _newest_restored(self, model: Any, reads: loading.ReadOnce) -> tuple[CheckpointInfo, Path] | None:
         """The newest backup that loads, loaded into ``model``, and its folder; None if none.
@@ -186,31 +189,13 @@ class BackupAndRestore(CheckpointCallback):
             loading.load_into(model, found[1], found[0].url, reads=reads)
         return found
 
-    def _forget_run(self) -> None:
-        """Before a fit: nothing restored yet (a callback object may serve several fits)."""
-        self._restored = None
-        self.manager.resumed_from(None, self.manager.damaged)  # those found damaged stay so
-        self.epochs_done = 0
-        self.history = []
-        self.best = None
-        self.stopped_early = False
-        self._last_saved_step = None
-        self._pending_restore = None
-        self._pending_arrays = {}
-        self.replay_epoch()
-
-    def _start(self, epoch: int) -> None:
-        if self._restored is None:
-            self.epochs_done = epoch  # no backup: fit's own initial_epoch, as in Keras
-        super()._start(epoch)
-
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
         try:
             super().on_train_end(logs)
         finally:
             with contextlib.suppress(Exception):
                 compat.set_fit_initial_epoch(self.model, None)  # Keras leaves it set; a later fit starts anew
-        if self.delete_checkpoint and self._chief():
+        if self.delete_checkpoint and self.is_chief():
             self.delete_backup()
 
     def delete_backup(self) -> None:

@@ -3,76 +3,33 @@
 from __future__ import annotations
 
 import datetime
-import functools
 import logging
-import math
-import shutil
 import signal
-import sys
-import threading
-import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any
 
 import keras
 
-from resumable.core.display import human_size
-from resumable.core.errors import NoSpaceError, ResumableError
-from resumable.core.manifest import FileEntry, Manifest
+from resumable.core.errors import ResumableError
 from resumable.core.naming import DEFAULT_TEMPLATE
-from resumable.core.policy import Retention, is_better, resolve_mode
-from resumable.keras import (
-    compat,
-    multihost,
-    notebook,
-    saving,
-    snapshot,
-    state_file,
-    topology,
-    trainable,
-    training_state,
-    user_state,
-)
-from resumable.keras.inputs import Feed, describe, plain_fit_problem
+from resumable.keras import compat, multihost, topology, training_state
+from resumable.keras.checkpoint_builder import CheckpointBuilder, Progress
+from resumable.keras.commit_lines import CommitLines
+from resumable.keras.fit_lease import FitLease, gives_lease_back_on_error
+from resumable.keras.inputs import Feed
+from resumable.keras.restored_state import RestoredState
+from resumable.keras.save_options import DEFAULT_SHARD_GIB, OptionAttributes, check_options
+from resumable.keras.save_schedule import SaveSchedule
 from resumable.manager.job_commit import DEFAULT_BARRIER_TIMEOUT
 from resumable.manager.run_manager import RunManager
-from resumable.manager.storage_names import (
-    DEFAULT_TIMEOUT,
-    NO_SPACE_ERRNOS,
-    CheckpointInfo,
-    RunStorage,
-    check_timeout,
-    free_space,
-)
-from resumable.manager.uploader import check_when_behind
+from resumable.manager.storage_names import DEFAULT_TIMEOUT, CheckpointInfo, RunStorage
 
 logger = logging.getLogger("resumable")
 
-_MODEL_FILE_SUFFIXES = (".keras", ".h5", ".hdf5", ".weights.h5")
-DEFAULT_SHARD_GIB = 1.0  # checkpoints' weights over this go to shards: several transfers at once
 
-_Hook = TypeVar("_Hook", bound=Callable[..., None])
-
-
-def _gives_lease_back_on_error(hook: _Hook) -> _Hook:
-    """An exception leaving this hook ends model.fit, and Keras then calls no on_train_end: land
-    the uploads and give the writer lease back. Not for KeyboardInterrupt or SystemExit: Run.fit
-    saves the interrupted state after those, under the lease, then gives it back."""
-
-    @functools.wraps(hook)
-    def wrapper(self: CheckpointCallback, *args: Any, **kwargs: Any) -> None:
-        try:
-            hook(self, *args, **kwargs)
-        except Exception:
-            self._end_after_error()
-            raise
-
-    return cast(_Hook, wrapper)
-
-
-class CheckpointCallback(keras.callbacks.Callback):
+class CheckpointCallback(OptionAttributes, keras.callbacks.Callback):
     """Save resumable checkpoints of a Keras model to a run folder, keeping the last and the best.
 
     Each checkpoint is serialized to a local staging folder, copied to the run folder (a local
@@ -159,6 +116,12 @@ class CheckpointCallback(keras.callbacks.Callback):
             which names the processes it waited for. Unused otherwise. Defaults to 600.
     """
 
+    # BackupAndRestore's semantics, as Keras': a fit with nothing restored starts at fit's own
+    # initial_epoch; saves happen at this callback's place among the fit's callbacks, not after
+    # the callbacks that keep state.
+    epoch_from_fit = False
+    saves_where_listed = False
+
     def __init__(
         self,
         filepath: str,
@@ -185,107 +148,49 @@ class CheckpointCallback(keras.callbacks.Callback):
         barrier_timeout: float | datetime.timedelta = DEFAULT_BARRIER_TIMEOUT,
     ) -> None:
         super().__init__()
-        _check_filepath(filepath)
-        _check_save_freq(save_freq)
-        self.save_interval = _check_save_interval(save_interval)
-        if not isinstance(monitor, str) or not monitor:
-            raise ValueError(
-                f"Invalid value for argument `monitor`. Received: monitor={monitor!r}. "
-                "Expected a metric name such as 'val_loss'."
-            )
-        self.retention = Retention(keep_last=keep_last, keep_best=keep_best, monitor=monitor, mode=mode,
-                                   keep_every=keep_every)
-        if verbose not in (0, 1, 2, True, False, "auto"):
-            raise ValueError(
-                f"Invalid value for argument `verbose`. Received: verbose={verbose!r}. "
-                "Expected 0, 1 or 'auto'."
-            )
-        verbose = 1 if verbose == "auto" else verbose
-        if not isinstance(async_upload, bool):
-            raise ValueError(
-                f"Invalid value for argument `async_upload`. Received: async_upload={async_upload!r}. "
-                "Expected True or False."
-            )
-        check_when_behind(when_behind)
-        self.filepath = str(filepath)
-        self.async_upload = async_upload
-        if not isinstance(takeover, bool):
-            raise ValueError(
-                f"Invalid value for argument `takeover`. Received: takeover={takeover!r}. "
-                "Expected True or False."
-            )
-        self.takeover = takeover
-        if not isinstance(save_trainable_only, bool):
-            raise ValueError(
-                "Invalid value for argument `save_trainable_only`. Received: "
-                f"save_trainable_only={save_trainable_only!r}. Expected True or False."
-            )
-        self.save_trainable_only = save_trainable_only
-        self.max_shard_size = _check_max_shard_size(max_shard_size)
-        lease_seconds = check_timeout(lease_timeout)
-        self.barrier_timeout = check_timeout(barrier_timeout, "barrier_timeout", "how long a process of a "
-                                             "multi-host job waits for the others at a save")
-        self.monitor = monitor
-        self.mode = resolve_mode(monitor, mode)
-        self.save_best_only = bool(save_best_only)
-        self.save_weights_only = bool(save_weights_only)
-        self.save_freq = save_freq
-        self.verbose = int(verbose)
+        self.options = check_options(
+            filepath, monitor=monitor, mode=mode, save_best_only=save_best_only,
+            save_weights_only=save_weights_only, save_trainable_only=save_trainable_only, save_freq=save_freq,
+            save_interval=save_interval, keep_last=keep_last, keep_best=keep_best, keep_every=keep_every,
+            filename=filename, verbose=verbose, initial_value_threshold=initial_value_threshold,
+            staging_dir=staging_dir, storage_options=storage_options, async_upload=async_upload,
+            takeover=takeover, lease_timeout=lease_timeout, max_shard_size=max_shard_size,
+            when_behind=when_behind, barrier_timeout=barrier_timeout,
+        )
+        options = self.options
         # Lease, staging, uploads, commits and retention: this callback only decides when to save.
         self.manager = RunManager(
-            self.filepath, filename=filename, storage_options=storage_options, staging_dir=staging_dir,
-            retention=self.retention, lease_timeout=lease_seconds, takeover=takeover,
-            async_upload=async_upload, verbose=bool(verbose), process_index=topology.process_index(),
-            when_behind=when_behind,
+            options.filepath, filename=options.filename, storage_options=options.storage_options,
+            staging_dir=options.staging_dir, retention=options.retention, lease_timeout=options.lease_timeout,
+            takeover=options.takeover, async_upload=options.async_upload, verbose=bool(options.verbose),
+            process_index=topology.process_index(), when_behind=options.when_behind,
         )
-        self.when_behind = when_behind
-        self.manager.on_commit = self._committed
-        self.manager.on_skipped = self._say
-        self.best: float | None = None if initial_value_threshold is None else float(initial_value_threshold)
-        self._initial_best = self.best
-        self._monitor_warned = False
+        self.lines = CommitLines(bool(options.verbose))
+        self.manager.on_commit = self.lines.committed
+        self.manager.on_skipped = self.lines.say
+        self.schedule = SaveSchedule(options.save_freq, options.save_interval, options.monitor, options.mode,
+                                     save_best_only=options.save_best_only,
+                                     keep_best=options.retention.keep_best,
+                                     initial_best=options.initial_value_threshold)
+        self.builder = CheckpointBuilder(options, self.manager, self.lines)
+        self.fit_lease = FitLease(options, self.manager, self.lines)
         self._witnessed: tuple[str, int, Any] | None = None  # a hook end seen first by Run.fit's witness
         self.history: list[dict[str, float]] = []  # per-epoch logs of every epoch of the run
         self.epochs_done = 0
         self.stopped_early = False
         self.strategy: Any = None
         self.callbacks: list[keras.callbacks.Callback] | None = None  # the fit's callbacks, set by Run.fit
-        self._restored: CheckpointInfo | None = None
-        self._pending_restore: dict[str, Any] | None = None
-        self._pending_arrays: dict[str, Any] = {}
+        self.restored_state = RestoredState()  # what a restored checkpoint hands to the next fit
         self._pending_save: dict[str, Any] | None = None  # the epoch's logs dict, shared by all callbacks
         self._siblings: list[keras.callbacks.Callback] = []
         self._last = True
         self._first_epoch = True
         self._batch_in_epoch = 0
-        self._epoch = 0
-        self._save_started = time.monotonic()
-        # Mid-epoch resume: the batch the restored checkpoint was taken at, the RNG states at the
-        # start of its epoch (they decide the epoch's data order) and its metrics' running totals.
-        self.resume_batch = 0
-        self.resume_epoch_rng: dict[str, Any] | None = None
-        # Where the inputs stood at the restored (then the newest saved) checkpoint: streams'
-        # positions, for Run.fit's Feed; and that Feed while Run.fit runs (its positions go into
-        # every checkpoint).
-        self.resume_inputs: dict[str, Any] = {}
-        self.feed: Feed | None = None
-        self._said_plain_fit = False
-        self._resume_learning_rate: Any = None  # the optimizer's rate in a restored mid-epoch checkpoint
-        self._resume_metrics: dict[str, Any] = {}
-        self._batch_offset = 0  # batches of the current epoch done before this fit (set by Run.fit)
+        self.feed: Feed | None = None  # Run.fit's, while it runs: its positions go into every checkpoint
         self._in_epoch = False
-        self._fit_in_main_thread = False  # where the fit holding the lease began (see _after_the_cell)
-        self._cell_watched = False  # _after_the_cell is registered for the notebook cell running now
         self._epoch_start_step = 0  # optimizer iterations when the current epoch began
         self._epoch_rng: dict[str, Any] = {}
-        self._freq_step = 0
-        self._last_saved_step: int | None = None
-        self._last_save_time = time.monotonic()
         self._stop_signal: int | None = None  # a SIGINT/SIGTERM asked to save and stop
-        # verbose lines of commits, printed by the training thread where no progress bar is drawn
-        self._lines: list[str] = []
-        self._lines_lock = threading.Lock()
-        self._defer_lines = False
 
     def __repr__(self) -> str:
         return (
@@ -311,14 +216,57 @@ class CheckpointCallback(keras.callbacks.Callback):
     @property
     def last_saved_step(self) -> int | None:
         """The optimizer step of the newest checkpoint this run saved or resumed from."""
-        return self._last_saved_step
+        return self.builder.last_saved_step
+
+    @property
+    def restored(self) -> CheckpointInfo | None:
+        """The checkpoint this run was restored from, or None."""
+        return self.restored_state.checkpoint
+
+    @property
+    def resume_batch(self) -> int:
+        """The batch the restored checkpoint was taken at, in its epoch (0: an epoch end)."""
+        return self.restored_state.batch
+
+    @property
+    def resume_epoch_rng(self) -> dict[str, Any] | None:
+        """The RNG states at the start of the restored mid-epoch checkpoint's epoch (its data order)."""
+        return self.restored_state.epoch_rng
+
+    @property
+    def resume_inputs(self) -> dict[str, Any]:
+        """Where the inputs stood at the restored (then the newest saved) checkpoint, for Run.fit's Feed."""
+        return self.restored_state.inputs
+
+    @property
+    def batches_in_epoch(self) -> int:
+        """Batches of the current epoch done, restored ones included; 0 between epochs."""
+        return self._batch_in_epoch if self._in_epoch else 0
+
+    @property
+    def best(self) -> float | None:
+        """The best value of ``monitor`` so far (None: none yet)."""
+        return self.schedule.best
+
+    @best.setter
+    def best(self, value: float | None) -> None:
+        self.schedule.best = value
 
     def start_over(self) -> None:
         """The run begins again from a new model (Run, after an exception, with nothing saved):
         no epoch done, no history, the best as given at construction."""
         self.epochs_done = 0
         self.history = []
-        self.best = self._initial_best
+        self.best = self.schedule.initial_best
+
+    def forget_run(self) -> None:
+        """Before a fit of a callback that serves several (BackupAndRestore): nothing restored, no
+        epoch done, no history, the best as given at construction; checkpoints found damaged stay so."""
+        self.restored_state.forget()
+        self.manager.resumed_from(None, self.manager.damaged)
+        self.start_over()
+        self.stopped_early = False
+        self.builder.last_saved_step = None
 
     # ------------------------------------------------------------------ restoring (used by resume)
 
@@ -330,54 +278,37 @@ class CheckpointCallback(keras.callbacks.Callback):
         """
         manifest = checkpoint.manifest
         assert manifest is not None
-        self._restored = checkpoint
+        self.restored_state.take(checkpoint, state, arrays)
         self.manager.resumed_from(checkpoint, set(damaged or ()))
         self.epochs_done = manifest.epoch
-        best = state.get("best")
-        self.best = None if best is None else float(best)
         self.history = [{k: float(v) for k, v in logs.items()} for logs in state.get("history", [])]
         saved = (state.get("monitor"), state.get("mode"))
-        if saved[0] is not None and saved != (self.monitor, self.mode):
-            self.best = _best_in_history(self.history, self.monitor, self.mode, self._initial_best)
-            if (best, self.best) != (None, None):  # no best then and none in the history: nothing changes
-                warnings.warn(
-                    f"resumable: {checkpoint.url} tracked the best {saved[0]!r} (mode {saved[1]!r}); this "
-                    f"run monitors {self.monitor!r} (mode {self.mode!r}), so its best is taken from the "
-                    f"run's history: {self.best}", stacklevel=4,  # resume()'s caller (via restore_checkpoint)
-                )
+        if self.schedule.restore_best(state.get("best"), self.history, *saved):
+            warnings.warn(
+                f"resumable: {checkpoint.url} tracked the best {saved[0]!r} (mode {saved[1]!r}); this "
+                f"run monitors {self.monitor!r} (mode {self.mode!r}), so its best is taken from the "
+                f"run's history: {self.best}", stacklevel=4,  # resume()'s caller (via restore_checkpoint)
+            )
         self.stopped_early = bool(state.get("stopped_early", False))
-        self._pending_restore = {"callbacks": state.get("callbacks", {}), "rng": state.get("rng", {})}
-        self._pending_arrays = arrays
-        self.resume_batch = int(manifest.batch or 0)
-        self.resume_epoch_rng = state.get("epoch_rng") if self.resume_batch else None
-        self.resume_inputs = state.get("inputs") or {}
-        self._resume_metrics = {k: v for k, v in arrays.items() if k.startswith("metrics/")}
-        self._last_saved_step = manifest.step
+        self.builder.last_saved_step = manifest.step
 
     def give_state(self, callbacks: Sequence[keras.callbacks.Callback]) -> None:
         """Restore the checkpoint's callback states into ``callbacks`` now, not at the next fit's
         first epoch (a run that is over: `Run.fit` trains no more)."""
-        if self._pending_restore is not None:
-            training_state.restore_callback_states(callbacks, self._pending_restore["callbacks"],
-                                                   self._pending_arrays)
+        self.restored_state.give_state(callbacks)
 
     def begin_partial_epoch(self, batch: int, model: keras.Model) -> None:
         """The next fit of ``model`` runs the rest of the restored checkpoint's epoch, from ``batch``
         (Run.fit)."""
-        self._batch_offset = batch
-        self._resume_learning_rate = training_state.learning_rate(model)
+        self.restored_state.begin_partial_epoch(batch, model)
 
     def replay_epoch(self) -> None:
         """The restored mid-epoch checkpoint's epoch restarts from its first batch."""
-        self.resume_batch = 0
-        self.resume_epoch_rng = None
-        self._resume_metrics = {}
+        self.restored_state.replay_epoch()
 
     def carry_over(self) -> None:
         """Hand the other callbacks' state to the next fit of this session (Keras resets it)."""
-        states, arrays = training_state.callback_states(self._siblings)
-        self._pending_restore = {"callbacks": states, "rng": {}}
-        self._pending_arrays = arrays
+        self.restored_state.carry_over(self._siblings)
         self._first_epoch = True
 
     def request_stop(self, signum: int) -> None:
@@ -399,37 +330,19 @@ class CheckpointCallback(keras.callbacks.Callback):
         # Keras tells a callback nothing of its siblings: Run.fit passes them, a plain fit is searched
         self._siblings = list(self.callbacks) if self.callbacks is not None else (
             compat.running_fit_callbacks(self))
-        self._last = _runs_last(self, self._siblings)
+        self._last = self.saves_where_listed or _runs_last(self, self._siblings)
         self._first_epoch = True
         self._pending_save = None
         self._witnessed = None
         self._in_epoch = False
-        self._last_save_time = time.monotonic()  # timed saves count training time only
-        self._defer_lines = True
-        if self.callbacks is None and self._restored is not None and (self.epochs_done or self.resume_batch):
-            self._say_if_plain_fit_cannot_replay()
-        self._every_process_writes()  # #36: decided by every process before any save
-        if self.manager.job is not None:  # #36: every process learns whether process 0 could take the folder
-            self.epochs_done = int(self.manager.job.start(self._take_run_folder).get("epochs_done",
-                                                                                      self.epochs_done))
-        elif self._chief():
-            self._take_run_folder()
-        if self._chief():
-            self._fit_in_main_thread = threading.current_thread() is threading.main_thread()
-            if not self._cell_watched:
-                self._cell_watched = notebook.after_this_cell(self._after_the_cell)
+        self.schedule.restart_clock()  # timed saves count training time only
+        self.lines.hold()
+        if self.callbacks is None and self.restored is not None and (self.epochs_done or self.resume_batch):
+            self.restored_state.say_if_plain_fit_cannot_replay(compat.running_fit_input(self))
+        restored = self.restored.name if self.restored is not None else None
+        self.epochs_done = self.fit_lease.begin(self.model, self.strategy, restored, self.epochs_done)
 
-    def _say_if_plain_fit_cannot_replay(self) -> None:
-        """A resumed run trained by a plain ``model.fit``: once, when its input is not read as an
-        unbroken run reads it (`Run.fit` replays it)."""
-        x = compat.running_fit_input(self)
-        problem = None if x is None else plain_fit_problem(x)
-        if problem is not None and not self._said_plain_fit:
-            self._said_plain_fit = True
-            warnings.warn(f"resumable: the training input ({describe(x)}) cannot be replayed exactly: "
-                          f"{problem}", stacklevel=3)
-
-    @_gives_lease_back_on_error
+    @gives_lease_back_on_error
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self.print_lines()  # before Keras' "Epoch N/M" header (its progress bar runs after this callback)
         self._save_pending()
@@ -437,26 +350,18 @@ class CheckpointCallback(keras.callbacks.Callback):
         if self._first_epoch:
             self._first_epoch = False
             self._start(epoch)
-        offset = self._batch_offset
-        self._epoch = epoch
+        offset = self.restored_state.batch_offset
         self._batch_in_epoch = offset
         self._epoch_start_step = training_state.iterations(self.model) - offset
-        self._freq_step = self._epoch_start_step + offset
-        if offset:
-            # The rest of a restored epoch: its data order came from the RNG states at its start.
-            self._epoch_rng = self.resume_epoch_rng or {}
-            # Its on_epoch_begin ran in the session that saved it; callbacks that set the learning
-            # rate there (LearningRateScheduler) just did it again: the checkpoint's rate stands.
-            training_state.set_learning_rate(self.model, self._resume_learning_rate)
-        else:
-            self._epoch_rng = training_state.rng_state()
-            self._resume_metrics = {}
+        self.schedule.epoch_begins(self._epoch_start_step + offset)
+        # The rest of a restored epoch: its data order came from the RNG states at its start.
+        self._epoch_rng = self.restored_state.start_epoch(self.model)
         self._in_epoch = True
 
-    @_gives_lease_back_on_error
+    @gives_lease_back_on_error
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         self._witnessed = None
-        self._batch_in_epoch = self._batch_offset + batch + 1
+        self._batch_in_epoch = self.restored_state.batch_offset + batch + 1
         self._add_resumed_metrics()
         self._stop_if_asked()
         self.manager.check_lease()  # taken over by another process (found by a renewal): stop training
@@ -465,20 +370,13 @@ class CheckpointCallback(keras.callbacks.Callback):
         steps = (self.params or {}).get("steps")
         if steps is not None and batch + 1 >= steps:
             return  # the epoch-end save follows
-        step = self._epoch_start_step + self._batch_in_epoch
-        due = False
-        if self.save_freq != "epoch":
-            every = int(self.save_freq)
-            due = step // every > self._freq_step // every  # a multiple of N passed (steps_per_execution)
-        self._freq_step = step
-        if self.save_interval is not None and time.monotonic() - self._last_save_time >= self.save_interval:
-            due = True
+        due = self.schedule.due_at_batch(self._epoch_start_step + self._batch_in_epoch)
         if self.save_interval is not None and self.manager.job is not None:
             due = multihost.chief_decides(due)  # #36: every process saves at the same step
         if due:
             self._save(self.epochs_done, self._batch_in_epoch, training_state.logs_to_floats(logs))
 
-    @_gives_lease_back_on_error
+    @gives_lease_back_on_error
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self._witnessed = None
         floats = training_state.logs_to_floats(logs)
@@ -486,8 +384,7 @@ class CheckpointCallback(keras.callbacks.Callback):
         self.history.append(floats)
         self.epochs_done = epoch + 1
         self._in_epoch = False
-        self._batch_offset = 0
-        self.resume_batch = 0
+        self.restored_state.end_epoch()
         if self._last:  # every other callback has run its on_epoch_end: the state is this epoch's
             self.stopped_early = bool(self.model.stop_training)
             self._save(self.epochs_done, 0, floats)
@@ -511,33 +408,11 @@ class CheckpointCallback(keras.callbacks.Callback):
 
     def warn_if_leased(self) -> None:
         """Warn at once when another live process writes the run folder (`resume`: fit would stop)."""
-        holder = self.manager.blocking_writer()
-        if holder is not None:
-            warnings.warn(
-                f"resumable: {self.filepath} is being written by another process ({holder.describe()}); "
-                "run.fit will stop with LeaseHeldError unless that process stops or you pass takeover=True",
-                stacklevel=3,
-            )
+        self.fit_lease.warn_if_held()
 
     def release_lease(self) -> None:
         """Give the run folder's writer lease back (at train end; `Run.fit` after an exception)."""
         self.manager.release()
-
-    def _end_after_error(self) -> None:
-        self.print_lines(fit_ended=True)
-        self.manager.finish(quiet=True)
-
-    def _after_the_cell(self) -> None:
-        """The notebook cell that ran this fit has ended: if an exception ended the fit (Keras
-        then calls no on_train_end), land the uploads and give the lease back, as run.fit does."""
-        self._cell_watched = False
-        if not (self.manager.lease.held and self._fit_in_main_thread):
-            return  # on_train_end or run.fit gave it back; or a fit in another thread still runs
-        pending = self.manager.pending
-        if pending:
-            print(f"resumable: model.fit was interrupted; finishing the upload of {', '.join(pending)} to "
-                  f"{self.storage.url} ...", file=sys.stderr, flush=True)
-        self._end_after_error()
 
     def wait_for_uploads(self, timeout: float | None = None) -> bool:
         """Block until the checkpoints saved so far are committed (or ``timeout`` seconds pass).
@@ -567,20 +442,24 @@ class CheckpointCallback(keras.callbacks.Callback):
             return None
         step = training_state.iterations(model)
         batch = step - self._epoch_start_step
-        if batch <= 0 or step == self._last_saved_step:
+        if batch <= 0 or step == self.last_saved_step:
             return None
         steps = (self.params or {}).get("steps")
-        if steps is not None and batch >= steps + self._batch_offset:
+        if steps is not None and batch >= steps + self.restored_state.batch_offset:
             return (f"interrupted after the last batch of epoch {self.epochs_done + 1}, before its end "
                     "(validation, callbacks): not saved")
         if self.save_best_only:
             return "save_best_only=True saves only improvements at epoch ends: not saved"
-        self._save(self.epochs_done, batch, training_state.logs_to_floats(_metrics_result(model)))
+        logs = training_state.logs_to_floats(training_state.metrics_so_far(model))
+        self._save(self.epochs_done, batch, logs)
         return None
 
     def witness(self, kind: str, index: int, logs: dict[str, Any] | None) -> None:
-        """Run.fit's first callback saw an epoch end or a batch end, before any other callback."""
+        """Run.fit's first callback saw an epoch end or a batch end, before any other callback; a
+        batch end's ``logs`` get a resumed epoch's saved metric totals, for the callbacks after it."""
         self._witnessed = (kind, index, logs)
+        if kind == "batch":
+            self._add_resumed_metrics(logs)
 
     def save_after_error(self) -> None:
         """An exception from another callback ended fit in a hook this one had not reached yet:
@@ -599,23 +478,9 @@ class CheckpointCallback(keras.callbacks.Callback):
         """Once the first batch of a resumed epoch has built the metrics, add the saved totals; and
         correct that batch's ``logs`` (the dict every callback after this call is given), which
         Keras computed from the one batch."""
-        if self._resume_metrics:
-            self._add_saved_metrics()
-            if logs is not None:
-                floats = training_state.logs_to_floats(_metrics_result(self.model))
-                logs.update({k: v for k, v in floats.items() if k in logs})
-
-    def _add_saved_metrics(self) -> None:
-        if self._resume_metrics:
-            saved, self._resume_metrics = self._resume_metrics, {}
-            try:
-                added = training_state.add_metrics(self.model, saved)
-            except Exception as e:  # noqa: BLE001 - metrics are reporting; training goes on
-                logger.warning("resumable: could not restore the epoch's metric totals: %s", e)
-                added = True
-            if not added:
-                logger.warning("resumable: this epoch's metrics count from the resumed batch only "
-                               "(the saved metric states do not fit)")
+        if self.restored_state.add_metrics(self.model) and logs is not None:
+            floats = training_state.logs_to_floats(training_state.metrics_so_far(self.model))
+            logs.update({k: v for k, v in floats.items() if k in logs})
 
     def _stop_if_asked(self) -> None:
         signum = self.take_stop_request()
@@ -628,28 +493,14 @@ class CheckpointCallback(keras.callbacks.Callback):
     # ------------------------------------------------------------------ saving
 
     def _start(self, epoch: int) -> None:
+        if self.epoch_from_fit and self.restored is None:
+            self.epochs_done = epoch  # nothing restored: fit's own initial_epoch
         if epoch != self.epochs_done:
             raise ResumableError(
                 f"model.fit started at epoch {epoch} but {self.filepath} has {self.epochs_done} epochs done; "
                 f"pass initial_epoch={self.epochs_done} to fit, or use run.fit() from resumable.resume()"
             )
-        if self.resume_batch and not self._batch_offset:
-            warnings.warn(
-                f"resumable: {self._restored.url if self._restored else self.filepath} was saved "
-                f"{self.resume_batch} batches into epoch {epoch + 1}; model.fit cannot start there, so "
-                "that epoch restarts from its first batch (run.fit continues at the saved batch)",
-                stacklevel=2,
-            )
-            self.replay_epoch()
-        if self._pending_restore is not None:
-            restored = training_state.restore_callback_states(
-                self._siblings, self._pending_restore["callbacks"], self._pending_arrays
-            )
-            training_state.set_rng_state(self._pending_restore["rng"])
-            if restored:
-                logger.info("resumable: restored the state of %s", ", ".join(restored))
-            self._pending_restore = None
-            self._pending_arrays = {}
+        self.restored_state.hand_over(self._siblings, epoch, self.filepath)
 
     def _save_pending(self) -> None:
         if self._pending_save is not None:
@@ -660,232 +511,36 @@ class CheckpointCallback(keras.callbacks.Callback):
 
     def _save(self, epoch: int, batch: int, logs: dict[str, float]) -> None:
         step = training_state.iterations(self.model)
-        if batch and step == self._last_saved_step:
+        if batch and step == self.last_saved_step:
             return  # never two checkpoints of the same state
-        # A mid-epoch value is a running average of part of an epoch: never a "best".
-        current = logs.get(self.monitor) if not batch else None
-        if current is None and not batch and self.save_best_only:
-            _check_monitor_logged(self.monitor, epoch, logs)
-        elif current is None and not batch and self.retention.keep_best and not self._monitor_warned:
-            self._monitor_warned = True
-            logged = ", ".join(sorted(logs)) or "nothing"
-            warnings.warn(
-                f"resumable: monitor={self.monitor!r} is not among the metrics fit logged at the end of "
-                f"epoch {epoch} ({logged}), so keep_best={self.retention.keep_best} protects no checkpoint; "
-                "pass monitor= one of those (Keras 3 logs 'val_accuracy', not 'val_acc')", stacklevel=3,
-            )
-        improved = current is not None and is_better(current, self.best, self.mode)
-        if self.save_best_only and not improved:
+        if not self.schedule.keeps(epoch, logs, mid_epoch=batch > 0):
             return
-        if improved:
-            self.best = current
-        self._last_save_time = time.monotonic()
-        if not self._chief() and self.manager.job is None:  # #36: in a split job every process saves
+        self.schedule.restart_clock()
+        if not self.is_chief() and self.manager.job is None:  # #36: in a split job every process saves
             return
-        started = time.monotonic()
-        name = self.storage.template.format(epoch, step, logs, mid_epoch=batch > 0, batch=batch)
-        logger.info("resumable: saving %s", name)
-        staging = self.manager.stage(name, drop_cached=False)  # dropped by the writer, or below
+        progress = Progress(epochs_done=self.epochs_done, best=self.best, stopped_early=self.stopped_early,
+                            epochs_planned=(self.params or {}).get("epochs"),
+                            history=self.history[: self.epochs_done])
         callback_states, arrays = training_state.callback_states(self._siblings)
-        state = self._state(callback_states, step, batch)
+        state = self.builder.state(self.model, progress, callback_states, step, batch, self.feed)
         if "inputs" in state:  # where the inputs stand at the newest checkpoint, for a later run.fit
-            self.resume_inputs = state["inputs"]
+            self.restored_state.inputs = state["inputs"]
         if batch:
             self._add_resumed_metrics()
             state["epoch_rng"] = self._epoch_rng
             arrays.update(training_state.metric_arrays(self.model))
-        # Training waits only for a copy of the values into host memory; the files are written
-        # with the upload, in the background (saving.snapshot). Without Keras' internals for
-        # that, the model is serialized here as before; so is a trainable-only checkpoint, whose
-        # megabytes take less time to write than to hold.
-        taken: snapshot.ModelSnapshot | multihost.PartSnapshot | None = None
-        if self.manager.job is not None:  # #36: this process's part of a model split across processes
-            with self.manager.serializing():
-                taken = multihost.snapshot(self.model, state=state, arrays=arrays)
-        elif not self.save_trainable_only:
-            with self.manager.serializing():
-                taken = saving.snapshot(self.model, weights_only=self.save_weights_only, state=state,
-                                        arrays=arrays, max_shard_size=self.max_shard_size)
-        write = functools.partial(self._write_staged, taken, name) if taken is not None else None
-        # said now, as a synchronous save would
-        if taken is not None and not taken.fits_in(self._write_folder(staging)):
-            self._no_room(name, None if self.manager.writes_in_place else self.staging_dir)
-            return
-        payload = taken.payload if taken is not None else self._serialize(staging, name, state, arrays)
-        if payload is None:
-            return
-        self._last_saved_step = step
-        processes, devices = topology.topology(self.model, self.strategy)
-        manifest = Manifest(
-            epoch=epoch, step=step, batch=batch, metrics=logs, versions=topology.versions(),
-            state=self._summary(callback_states), processes=processes, devices=devices,
-            payload=payload,
-        )
-        self._save_started = started
-        self.manager.submit(staging, name, manifest, write=write)
-        if self.async_upload:
-            logger.info("resumable: staged %s in %.2f s; uploading in the background", name,
-                        time.monotonic() - started)
-        self._last_save_time = time.monotonic()  # the interval counts training, not saving
-
-    def _serialize(self, staging: Path, name: str, state: dict[str, Any],
-                   arrays: dict[str, Any]) -> str | None:
-        """Save the model into ``staging`` while training waits; the payload file's name, or None
-        (warned) when the disk is full."""
-        self.manager.uploader.drop_cached()  # Keras writes here now: the old copy goes first
-        try:
-            with self.manager.serializing():
-                return saving.save(self.model, staging, weights_only=self.save_weights_only, state=state,
-                                   arrays=arrays, trainable_only=self.save_trainable_only,
-                                   max_shard_size=self.max_shard_size)
-        except OSError as e:
-            if e.errno not in NO_SPACE_ERRNOS:
-                raise
-            self.manager.discard(staging)  # half a checkpoint would only hold the space
-            self._no_room(name, self.staging_dir)
-            return None
-
-    def _no_room(self, name: str, staging: Path | None) -> None:
-        """The disk cannot hold checkpoint ``name`` (the staging folder's; None: the run folder's):
-        one warning, training goes on."""
-        self._last_save_time = time.monotonic()
-        warnings.warn(f"resumable: {self._no_space_line(staging, name)}", stacklevel=4)
-
-    def _write_folder(self, staging: Path) -> Path:
-        """Where a snapshot's files are written: a local run's own folder (straight into the
-        checkpoint's folder: `RunManager.submit`), else ``staging``, uploaded from there. A split
-        job's part (#36) is always staged: every process uploads its own, process 0 commits."""
-        return Path(self.storage.root) if self.manager.writes_in_place else staging
-
-    def _write_staged(self, taken: snapshot.ModelSnapshot | multihost.PartSnapshot, name: str, folder: Path,
-                      root: str | None) -> dict[str, FileEntry]:
-        """Write a snapshot's files into ``folder`` (below the run folder ``root``, or a staging
-        folder); each one's size and CRC32C as written (the uploader's thread, in the background)."""
-        try:
-            return taken.write(folder, root)
-        except OSError as e:
-            if root is None:
-                shutil.rmtree(folder, ignore_errors=True)  # half a checkpoint would only hold the space
-            if e.errno in NO_SPACE_ERRNOS:
-                staging = None if root is not None else self.staging_dir
-                raise NoSpaceError(self._no_space_line(staging, name)) from e
-            raise
-
-    def _no_space_line(self, staging_dir: Path | None, name: str) -> str:
-        """Why checkpoint ``name`` could not be written: its disk (the staging folder's, or with
-        None the run folder's), the space needed (as last time) and free."""
-        if staging_dir is not None:
-            return _no_staging_space(staging_dir, name, self.last_checkpoint)
-        last = self.last_checkpoint
-        needed = f"the last checkpoint took {human_size(last.size)}" if last and last.size else "size unknown"
-        root = self.storage.root
-        return (f"no space left in the run folder {root} to save {name} ({needed}{free_space(root)}); "
-                "training goes on and the next save tries again: free space there (empty Drive's trash), "
-                "or lower keep_last")
-
-    def _committed(self, info: CheckpointInfo) -> None:
-        """After each commit and its retention (in the uploader's thread when uploading in the background).
-
-        With ``verbose``, one line per commit. While a fit runs it is printed by the training
-        thread at the next epoch start (before Keras' header), the end of training, or a batch
-        end when no progress bar is drawn: never in the middle of a progress bar.
-        """
-        if not self.verbose:
-            return
-        batch = info.manifest.batch if info.manifest else 0
-        epoch = info.epoch or 0
-        where = f"Epoch {epoch + 1}, batch {batch}" if batch else f"Epoch {epoch}"
-        size = info.manifest.total_size if info.manifest else 0
-        seconds = time.monotonic() - self._save_started
-        self._say(f"{where}: saved {info.url} ({human_size(size)}, {seconds:.1f} s)")
-
-    def _say(self, line: str) -> None:
-        """Print ``line`` now, or while a fit runs at the next point where no progress bar is drawn."""
-        with self._lines_lock:
-            if self._defer_lines:
-                self._lines.append(line)
-                return
-        print(line, flush=True)
+        name = self.storage.template.format(epoch, step, logs, mid_epoch=batch > 0, batch=batch)
+        self.builder.save(self.model, self.strategy, name=name, step=step, batch=batch, logs=logs,
+                          progress=progress, state=state, arrays=arrays, callback_states=callback_states)
+        self.schedule.restart_clock()  # the interval counts training, not saving (nor a full disk)
 
     def print_lines(self, *, fit_ended: bool = False) -> None:
         """Print the commit lines waiting for the training thread; ``fit_ended``: print later ones at once."""
-        with self._lines_lock:
-            lines, self._lines = self._lines, []
-            if fit_ended:
-                self._defer_lines = False
-        for line in lines:
-            print(line, flush=True)
+        self.lines.print_lines(fit_ended=fit_ended)
 
-    def _state(self, callback_states: dict[str, Any], step: int, batch: int) -> dict[str, Any]:
-        return {
-            "epoch": self.epochs_done,
-            "step": step,
-            "batch": batch,
-            "monitor": self.monitor,
-            "mode": self.mode,
-            "best": self.best,
-            "stopped_early": self.stopped_early,
-            "epochs_planned": (self.params or {}).get("epochs"),
-            "history": self.history[: self.epochs_done],
-            "callbacks": callback_states,
-            "optimizer": training_state.optimizer_summary(self.model),
-            "rng": training_state.rng_state(),
-            **({"inputs": self.feed.state()} if self.feed is not None else {}),
-        }
-
-    def _summary(self, callback_states: dict[str, Any]) -> dict[str, Any]:
-        """What `resumable inspect` shows: small, JSON only."""
-        summary = {
-            "monitor": self.monitor,
-            "mode": self.mode,
-            "best": self.best,
-            "stopped_early": self.stopped_early,
-            "epochs_planned": (self.params or {}).get("epochs"),
-            "format": "split" if self.manager.job is not None else "trainable" if self.save_trainable_only
-            else "weights" if self.save_weights_only else "keras",
-            "backend": keras.backend.backend(),
-            "optimizer": training_state.optimizer_summary(self.model),
-            # your own callbacks' get_state() may be large: state.json holds it, the manifest does not
-            "callbacks": {k: v for k, v in callback_states.items() if user_state.STATE_KEY not in v},
-        }
-        if self.save_trainable_only:  # the base model the run trains on (cached: no second pass)
-            summary["frozen"] = trainable.fingerprint(self.model).to_json()
-        return state_file.jsonable(summary)
-
-    # ------------------------------------------------------------------ checks
-
-    def _chief(self) -> bool:
+    def is_chief(self) -> bool:
+        """Whether this process writes the run folder (process 0 of a distributed job)."""
         return topology.is_chief(self.model, self.strategy)
-
-    def _every_process_writes(self) -> None:
-        """#36: a model split across the processes of a multi-host job: every process saves its part
-        (`multihost.py`) and process 0 commits. Decided once, by every process, at the fit's start."""
-        if self.manager.job is not None or not multihost.split_across_processes(self.model):
-            return
-        if self.save_trainable_only:
-            raise ValueError(
-                "Invalid value for argument `save_trainable_only`. Received: save_trainable_only=True for a "
-                "model split across processes. Expected False: each process saves the parts it holds.")
-        multihost.check_installed()
-        self.manager.every_process_writes(multihost.channel(self.manager.url), self.barrier_timeout)
-
-    def _take_run_folder(self) -> dict[str, Any]:
-        """The writer's start: the lease, then the run folder checked (given back if that fails);
-        the epochs done, which the other processes of a split job take from process 0."""
-        self.manager.acquire()
-        try:
-            self._check_run_folder()
-        except BaseException:
-            self.release_lease()
-            raise
-        return {"epochs_done": self.epochs_done}
-
-    def _check_run_folder(self) -> None:
-        """Refuse to mix a new training run into a folder that already holds one."""
-        restored = self._restored.name if self._restored is not None else None
-        epochs_done = self.manager.check_continues(restored, training_state.iterations(self.model))
-        if epochs_done is not None:
-            self.epochs_done = epochs_done
 
 
 def _runs_last(callback: keras.callbacks.Callback, callbacks: list[keras.callbacks.Callback]) -> bool:
@@ -893,121 +548,6 @@ def _runs_last(callback: keras.callbacks.Callback, callbacks: list[keras.callbac
     after = callbacks[callbacks.index(callback) + 1:] if callback in callbacks else []
     passive = (keras.callbacks.History, keras.callbacks.ProgbarLogger)
     return all(isinstance(c, passive) for c in after)
-
-
-class Witness(keras.callbacks.Callback):
-    """First among Run.fit's callbacks: tells the checkpoint callback of each epoch and batch end
-    before any other callback runs, so an exception raised by one of them still leaves that
-    epoch's or step's checkpoint to save (`CheckpointCallback.save_after_error`)."""
-
-    def __init__(self, owner: CheckpointCallback) -> None:
-        super().__init__()
-        self.owner = owner
-
-    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-        self.owner.witness("epoch", epoch, logs)
-
-    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-        self.owner.witness("batch", batch, logs)
-        self.owner._add_resumed_metrics(logs)  # the other callbacks see the epoch's running metrics
-
-
-def _best_in_history(history: list[dict[str, float]], monitor: str, mode: str, initial: float | None
-                     ) -> float | None:
-    """The best value of ``monitor`` over the run's epochs (for a run that monitored another metric)."""
-    best = initial
-    for logs in history:
-        value = logs.get(monitor)
-        if value is not None and is_better(value, best, mode):
-            best = value
-    return best
-
-
-def _check_filepath(filepath: Any) -> None:
-    text = str(filepath) if isinstance(filepath, (str, Path)) else ""
-    if not text or text.endswith(_MODEL_FILE_SUFFIXES) or "{" in text:
-        raise ValueError(
-            f"Invalid value for argument `filepath`. Received: filepath={filepath!r}. "
-            "Expected a run folder such as '/content/drive/MyDrive/runs/exp1' or 'gs://bucket/runs/exp1'; "
-            "checkpoint names come from `filename`. "
-            "To write model files by name, use resumable.ModelCheckpoint."
-        )
-
-
-def _check_max_shard_size(max_shard_size: Any) -> float | None:
-    if max_shard_size is None:
-        return None
-    if isinstance(max_shard_size, bool) or not isinstance(max_shard_size, (int, float)) or not (
-            math.isfinite(max_shard_size) and max_shard_size > 0):
-        raise ValueError(
-            f"Invalid value for argument `max_shard_size`. Received: max_shard_size={max_shard_size!r}. "
-            "Expected a size in GiB greater than 0, such as 1.0, or None for one file."
-        )
-    return float(max_shard_size)
-
-
-def _check_save_interval(save_interval: Any) -> float | None:
-    if save_interval is None:
-        return None
-    seconds = save_interval
-    if isinstance(save_interval, datetime.timedelta):
-        seconds = save_interval.total_seconds()
-    number = isinstance(seconds, (int, float)) and not isinstance(seconds, bool)
-    if number and math.isfinite(seconds) and seconds > 0:
-        return float(seconds)
-    raise ValueError(
-        f"Invalid value for argument `save_interval`. Received: save_interval={save_interval!r}. "
-        "Expected a positive number of seconds or a datetime.timedelta, e.g. 600 for every 10 minutes."
-    )
-
-
-def _metrics_result(model: keras.Model) -> dict[str, Any]:
-    """The model's metrics so far in the epoch; empty when Keras cannot say (no metric built yet)."""
-    try:
-        result: dict[str, Any] = model.get_metrics_result()
-    except Exception:  # noqa: BLE001 - only feeds the manifest's metrics
-        return {}
-    return result
-
-
-def _no_staging_space(staging_dir: Path, name: str, last: CheckpointInfo | None) -> str:
-    """Why a checkpoint could not be staged: the folder, the space needed (as last time) and free."""
-    needed = f"the last checkpoint took {human_size(last.size)}" if last and last.size else "size unknown"
-    return (f"no space left in the staging folder {staging_dir} to save {name} ({needed}"
-            f"{free_space(str(staging_dir))}); training goes on and the next save tries again: free space "
-            "there, or pass staging_dir= on a bigger disk")
-
-
-def _check_monitor_logged(monitor: str, epoch: int, logs: dict[str, float]) -> None:
-    """With save_best_only, a monitor that fit does not log means no checkpoint, ever: say so at once.
-
-    A ``val_`` metric in an epoch without validation (no validation_data, or validation_freq)
-    is a warning; a name that is not among the metrics logged is an error, at the first epoch.
-    """
-    logged = ", ".join(sorted(logs)) or "nothing"
-    if monitor.startswith("val_") and not any(key.startswith("val_") for key in logs):
-        warnings.warn(
-            f"resumable: monitor={monitor!r} is not logged without validation and save_best_only=True "
-            f"saves no checkpoint until it is; pass validation_data to fit (logged: {logged})",
-            stacklevel=3,
-        )
-        return
-    raise ValueError(
-        f"Invalid value for argument `monitor`. Received: monitor={monitor!r}, which fit did not log at "
-        f"the end of epoch {epoch}: with save_best_only=True no checkpoint would ever be saved. "
-        f"Expected one of: {logged}."
-    )
-
-
-def _check_save_freq(save_freq: Any) -> None:
-    if save_freq == "epoch":
-        return
-    if isinstance(save_freq, int) and not isinstance(save_freq, bool) and save_freq > 0:
-        return
-    raise ValueError(
-        f"Invalid value for argument `save_freq`. Received: save_freq={save_freq!r}. "
-        "Expected 'epoch' or a positive int."
-    )
 
 
 __all__ = ["CheckpointCallback"]

@@ -1,7 +1,9 @@
 """Ctrl-C and SIGTERM during `Run.fit`: save a checkpoint at the next batch end, then stop.
 
 Colab's "stop cell" is a SIGINT; a VM being recycled may send SIGTERM first. Either way the
-work since the last checkpoint is saved before training stops.
+work since the last checkpoint is saved before training stops. And an exception from another
+callback: `Witness` tells the checkpoint callback of each epoch and batch end first, so that
+the checkpoint of the hook the exception left is still saved.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import sys
 import threading
 from types import FrameType, TracebackType
 from typing import TYPE_CHECKING, Any
+
+import keras
 
 if TYPE_CHECKING:
     from resumable.keras.callback import CheckpointCallback
@@ -79,4 +83,20 @@ class StopSignals:
             os.kill(os.getpid(), signum)  # SIG_DFL: die by the signal, as without us
 
 
-__all__ = ["StopSignals"]
+class Witness(keras.callbacks.Callback):
+    """First among Run.fit's callbacks: tells the checkpoint callback of each epoch and batch end
+    before any other callback runs, so an exception raised by one of them still leaves that
+    epoch's or step's checkpoint to save (`CheckpointCallback.save_after_error`)."""
+
+    def __init__(self, owner: CheckpointCallback) -> None:
+        super().__init__()
+        self.owner = owner
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        self.owner.witness("epoch", epoch, logs)
+
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        self.owner.witness("batch", batch, logs)  # the others then see the epoch's running metrics
+
+
+__all__ = ["StopSignals", "Witness"]

@@ -19,10 +19,10 @@ from resumable.core.errors import (
     ResumableError,
 )
 from resumable.keras import compat, loading, multihost, topology, torch_backend, training_state
-from resumable.keras.callback import CheckpointCallback, Witness
+from resumable.keras.callback import CheckpointCallback
 from resumable.keras.continuity import csv_logs_continued, final_weights
 from resumable.keras.inputs import Feed
-from resumable.keras.interrupts import StopSignals
+from resumable.keras.interrupts import StopSignals, Witness
 from resumable.keras.positioning import rest_of_epoch
 from resumable.keras.restore import restore_checkpoint
 from resumable.manager.run_manager import RunManager

@@ -129,6 +129,15 @@ def metric_arrays(model: keras.Model) -> dict[str, np.ndarray]:
     return {f"metrics/{i}": keras.ops.convert_to_numpy(v) for i, v in enumerate(model.metrics_variables)}
 
 
+def metrics_so_far(model: keras.Model) -> dict[str, Any]:
+    """The model's metrics so far in the epoch; empty when Keras cannot say (no metric built yet)."""
+    try:
+        result: dict[str, Any] = model.get_metrics_result()
+    except Exception:  # noqa: BLE001 - only feeds the manifest's metrics
+        return {}
+    return result
+
+
 def add_metrics(model: keras.Model, arrays: dict[str, np.ndarray]) -> bool:
     """Add saved running totals to the model's metrics; False (untouched) if they do not fit.
 

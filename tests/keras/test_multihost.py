@@ -60,12 +60,12 @@ def test_a_split_model_refuses_trainable_only_and_a_missing_tensorstore_in_one_l
     with pytest.raises(ValueError, match=r"^Invalid value for argument `save_trainable_only`\. Received: "
                                          r"save_trainable_only=True for a model split across processes\. "
                                          r"Expected False: each process saves the parts it holds\.$"):
-        callback._every_process_writes()
+        callback.fit_lease.every_process_writes(callback.model)
     assert callback.manager.job is None
     monkeypatch.setattr(shard_io.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ResumableError, match="^resumable: a model split across processes is saved with "
                                              "TensorStore, which is not installed: pip install tensorstore"):
-        CheckpointCallback(str(tmp_path / "run"))._every_process_writes()
+        CheckpointCallback(str(tmp_path / "run")).fit_lease.every_process_writes(None)
     assert not (tmp_path / "run").exists()
 
 

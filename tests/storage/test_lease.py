@@ -550,11 +550,11 @@ def test_after_a_failed_plain_fit_the_lease_goes_back_once_the_upload_lands(tmp_
 
     threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()  # Ctrl-C while the cell waits
     with pytest.raises(KeyboardInterrupt):
-        checkpoint._after_the_cell()
+        checkpoint.fit_lease.after_the_cell()
     assert read_lease(RunStorage(url)) is not None  # an upload may still commit: not released
 
     gate.set()
-    checkpoint._after_the_cell()
+    checkpoint.fit_lease.after_the_cell()
     assert read_lease(RunStorage(url)) is None
     assert [c.name for c in RunStorage(url).list() if c.ok] == ["ckpt-000001"]
 
