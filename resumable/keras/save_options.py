@@ -10,10 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar, overload
 
-from resumable.core.naming import DEFAULT_TEMPLATE
 from resumable.core.policy import Retention, resolve_mode
-from resumable.manager.job_commit import DEFAULT_BARRIER_TIMEOUT
-from resumable.manager.storage_names import DEFAULT_TIMEOUT, check_timeout
+from resumable.manager.storage_names import check_timeout
 from resumable.manager.uploader import check_when_behind
 
 _MODEL_FILE_SUFFIXES = (".keras", ".h5", ".hdf5", ".weights.h5")
@@ -55,29 +53,31 @@ class SaveOptions:
 
 def check_options(
     filepath: Any,
-    monitor: Any = "val_loss",
-    mode: str = "auto",
-    save_best_only: bool = False,
-    save_weights_only: bool = False,
-    save_trainable_only: Any = False,
-    save_freq: Any = "epoch",
-    save_interval: Any = None,
-    keep_last: int | None = 3,
-    keep_best: int = 1,
-    keep_every: int | None = None,
-    filename: str = DEFAULT_TEMPLATE,
-    verbose: Any = 0,
-    initial_value_threshold: float | None = None,
-    staging_dir: str | Path | None = None,
-    storage_options: dict[str, Any] | None = None,
-    async_upload: Any = True,
-    takeover: Any = False,
-    lease_timeout: Any = DEFAULT_TIMEOUT,
-    max_shard_size: Any = DEFAULT_SHARD_GIB,
-    when_behind: Any = "skip",
-    barrier_timeout: Any = DEFAULT_BARRIER_TIMEOUT,
+    *,
+    monitor: Any,
+    mode: str,
+    save_best_only: bool,
+    save_weights_only: bool,
+    save_trainable_only: Any,
+    save_freq: Any,
+    save_interval: Any,
+    keep_last: int | None,
+    keep_best: int,
+    keep_every: int | None,
+    filename: str,
+    verbose: Any,
+    initial_value_threshold: float | None,
+    staging_dir: str | Path | None,
+    storage_options: dict[str, Any] | None,
+    async_upload: Any,
+    takeover: Any,
+    lease_timeout: Any,
+    max_shard_size: Any,
+    when_behind: Any,
+    barrier_timeout: Any,
 ) -> SaveOptions:
-    """`CheckpointCallback`'s arguments as `SaveOptions`; ValueError for the first bad one."""
+    """`CheckpointCallback`'s arguments as `SaveOptions`; ValueError for the first bad one. Every
+    argument is given: the defaults are the constructor's alone."""
     _check_filepath(filepath)
     _check_save_freq(save_freq)
     interval = _check_save_interval(save_interval)
