@@ -40,7 +40,8 @@ class CheckpointCallback(OptionAttributes, keras.callbacks.Callback):
     fit. Continue a run with `resumable.resume`, which returns a callback carrying that state.
 
     The arguments follow `keras.callbacks.ModelCheckpoint`, except that ``filepath`` is the run
-    folder and ``filename`` names the checkpoints inside it.
+    folder and ``filename`` names the checkpoints inside it. They read back as read-only
+    attributes (``cb.monitor``, ``cb.save_freq``, ...): for other values, make a new callback.
 
     Example:
 

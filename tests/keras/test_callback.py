@@ -468,3 +468,12 @@ def test_a_run_folder_named_like_an_hdf5_file_is_refused(tmp_path: Path) -> None
     with pytest.raises(ValueError, match=r"Expected a run folder.*resumable\.ModelCheckpoint"):
         resumable.CheckpointCallback(str(path))
     assert not path.exists()
+
+
+def test_the_arguments_read_back_as_attributes_that_cannot_be_changed_afterwards(tmp_path: Path) -> None:
+    cb = resumable.CheckpointCallback(str(tmp_path / "run"), monitor="loss", save_freq=3, verbose=1)
+    assert (cb.filepath, cb.monitor, cb.mode, cb.save_freq, cb.verbose) == (str(tmp_path / "run"), "loss",
+                                                                           "min", 3, 1)
+    with pytest.raises(AttributeError, match="`save_freq` is a constructor argument: pass it when creating"):
+        cb.save_freq = "epoch"  # type: ignore[misc]
+    assert cb.save_freq == 3 and cb.schedule.save_freq == 3  # the callback and its schedule agree
