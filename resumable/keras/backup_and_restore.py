@@ -166,7 +166,7 @@ class BackupAndRestore(CheckpointCallback):
                 logger.info("resumable: %s was saved %d batches into epoch %d; model.fit restarts that epoch "
                             "(resumable.resume() and run.fit continue at the batch)", info.url,
                             self.resume_batch, (info.epoch or 0) + 1)
-                self.replay_epoch()
+                self.restored_state.replay_epoch()
             if self.verbose:
                 print(f"resumable: restored {info.url} (epoch {info.epoch})")
         else:

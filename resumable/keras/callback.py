@@ -6,7 +6,6 @@ import datetime
 import logging
 import signal
 import warnings
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ from resumable.keras import compat, multihost, topology, training_state
 from resumable.keras.checkpoint_builder import CheckpointBuilder, Progress
 from resumable.keras.commit_lines import CommitLines
 from resumable.keras.fit_lease import FitLease, gives_lease_back_on_error
+from resumable.keras.fit_position import FitPosition
 from resumable.keras.inputs import Feed
 from resumable.keras.restored_state import RestoredState
 from resumable.keras.save_options import DEFAULT_SHARD_GIB, OptionAttributes, check_options
@@ -175,22 +175,16 @@ class CheckpointCallback(OptionAttributes, keras.callbacks.Callback):
                                      initial_best=options.initial_value_threshold)
         self.builder = CheckpointBuilder(options, self.manager, self.lines)
         self.fit_lease = FitLease(options, self.manager, self.lines)
-        self._witnessed: tuple[str, int, Any] | None = None  # a hook end seen first by Run.fit's witness
         self.history: list[dict[str, float]] = []  # per-epoch logs of every epoch of the run
         self.epochs_done = 0
         self.stopped_early = False
         self.strategy: Any = None
         self.callbacks: list[keras.callbacks.Callback] | None = None  # the fit's callbacks, set by Run.fit
         self.restored_state = RestoredState()  # what a restored checkpoint hands to the next fit
-        self._pending_save: dict[str, Any] | None = None  # the epoch's logs dict, shared by all callbacks
+        self.position = FitPosition()  # where the running fit stands, and the saves it owes
         self._siblings: list[keras.callbacks.Callback] = []
         self._last = True
-        self._first_epoch = True
-        self._batch_in_epoch = 0
         self.feed: Feed | None = None  # Run.fit's, while it runs: its positions go into every checkpoint
-        self._in_epoch = False
-        self._epoch_start_step = 0  # optimizer iterations when the current epoch began
-        self._epoch_rng: dict[str, Any] = {}
         self._stop_signal: int | None = None  # a SIGINT/SIGTERM asked to save and stop
 
     def __repr__(self) -> str:
@@ -230,19 +224,9 @@ class CheckpointCallback(OptionAttributes, keras.callbacks.Callback):
         return self.restored_state.batch
 
     @property
-    def resume_epoch_rng(self) -> dict[str, Any] | None:
-        """The RNG states at the start of the restored mid-epoch checkpoint's epoch (its data order)."""
-        return self.restored_state.epoch_rng
-
-    @property
-    def resume_inputs(self) -> dict[str, Any]:
-        """Where the inputs stood at the restored (then the newest saved) checkpoint, for Run.fit's Feed."""
-        return self.restored_state.inputs
-
-    @property
     def batches_in_epoch(self) -> int:
         """Batches of the current epoch done, restored ones included; 0 between epochs."""
-        return self._batch_in_epoch if self._in_epoch else 0
+        return self.position.batches_in_epoch
 
     @property
     def best(self) -> float | None:
@@ -293,25 +277,6 @@ class CheckpointCallback(OptionAttributes, keras.callbacks.Callback):
         self.stopped_early = bool(state.get("stopped_early", False))
         self.builder.last_saved_step = manifest.step
 
-    def give_state(self, callbacks: Sequence[keras.callbacks.Callback]) -> None:
-        """Restore the checkpoint's callback states into ``callbacks`` now, not at the next fit's
-        first epoch (a run that is over: `Run.fit` trains no more)."""
-        self.restored_state.give_state(callbacks)
-
-    def begin_partial_epoch(self, batch: int, model: keras.Model) -> None:
-        """The next fit of ``model`` runs the rest of the restored checkpoint's epoch, from ``batch``
-        (Run.fit)."""
-        self.restored_state.begin_partial_epoch(batch, model)
-
-    def replay_epoch(self) -> None:
-        """The restored mid-epoch checkpoint's epoch restarts from its first batch."""
-        self.restored_state.replay_epoch()
-
-    def carry_over(self) -> None:
-        """Hand the other callbacks' state to the next fit of this session (Keras resets it)."""
-        self.restored_state.carry_over(self._siblings)
-        self._first_epoch = True
-
     def request_stop(self, signum: int) -> None:
         """Stop at the next batch end (Run.fit's signal handlers); Run.fit then saves."""
         self._stop_signal = signum
@@ -332,10 +297,7 @@ class CheckpointCallback(OptionAttributes, keras.callbacks.Callback):
         self._siblings = list(self.callbacks) if self.callbacks is not None else (
             compat.running_fit_callbacks(self))
         self._last = self.saves_where_listed or _runs_last(self, self._siblings)
-        self._first_epoch = True
-        self._pending_save = None
-        self._witnessed = None
-        self._in_epoch = False
+        self.position.fit_begins()
         self.schedule.restart_clock()  # timed saves count training time only
         self.lines.hold()
         if self.callbacks is None and self.restored is not None and (self.epochs_done or self.resume_batch):
@@ -348,21 +310,14 @@ class CheckpointCallback(OptionAttributes, keras.callbacks.Callback):
         self.print_lines()  # before Keras' "Epoch N/M" header (its progress bar runs after this callback)
         self._save_pending()
         self._stop_if_asked()
-        if self._first_epoch:
-            self._first_epoch = False
+        if self.position.first_epoch:
+            self.position.first_epoch = False
             self._start(epoch)
-        offset = self.restored_state.batch_offset
-        self._batch_in_epoch = offset
-        self._epoch_start_step = training_state.iterations(self.model) - offset
-        self.schedule.epoch_begins(self._epoch_start_step + offset)
-        # The rest of a restored epoch: its data order came from the RNG states at its start.
-        self._epoch_rng = self.restored_state.start_epoch(self.model)
-        self._in_epoch = True
+        self.schedule.epoch_begins(self.position.epoch_begins(self.model, self.restored_state))
 
     @gives_lease_back_on_error
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-        self._witnessed = None
-        self._batch_in_epoch = self.restored_state.batch_offset + batch + 1
+        step = self.position.batch_ends(batch, self.restored_state.batch_offset)
         self._add_resumed_metrics()
         self._stop_if_asked()
         self.manager.check_lease()  # taken over by another process (found by a renewal): stop training
@@ -371,36 +326,35 @@ class CheckpointCallback(OptionAttributes, keras.callbacks.Callback):
         steps = (self.params or {}).get("steps")
         if steps is not None and batch + 1 >= steps:
             return  # the epoch-end save follows
-        due = self.schedule.due_at_batch(self._epoch_start_step + self._batch_in_epoch)
+        due = self.schedule.due_at_batch(step)
         if self.save_interval is not None and self.manager.job is not None:
             due = multihost.chief_decides(due)  # #36: every process saves at the same step
         if due:
-            self._save(self.epochs_done, self._batch_in_epoch, training_state.logs_to_floats(logs))
+            self._save(self.position.batch, training_state.logs_to_floats(logs))
 
     @gives_lease_back_on_error
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-        self._witnessed = None
+        self.position.epoch_ends()
         floats = training_state.logs_to_floats(logs)
         del self.history[epoch:]  # an epoch re-run after a mid-epoch restore replaces its entry
         self.history.append(floats)
         self.epochs_done = epoch + 1
-        self._in_epoch = False
         self.restored_state.end_epoch()
         if self._last:  # every other callback has run its on_epoch_end: the state is this epoch's
             self.stopped_early = bool(self.model.stop_training)
-            self._save(self.epochs_done, 0, floats)
+            self._save(0, floats)
         else:
             # Saved at the next on_epoch_begin (or on_train_end), once the callbacks after this
             # one have updated their counters, the learning rate and the logs (ReduceLROnPlateau
             # adds `learning_rate` to them).
-            self._pending_save = logs if logs is not None else {}
+            self.position.pending_logs = logs if logs is not None else {}
         self._stop_if_asked()
 
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
-        if self._pending_save is not None and self.model.stop_training:
+        if self.position.pending_logs is not None and self.model.stop_training:
             self.stopped_early = True
         self._save_pending()
-        self._in_epoch = False
+        self.position.in_epoch = False
         try:
             self.wait_for_uploads()
         finally:
@@ -435,14 +389,14 @@ class CheckpointCallback(OptionAttributes, keras.callbacks.Callback):
         if self.manager.job is not None:  # #36
             return ("a model split across processes is saved where every process saves (save_freq, "
                     "epoch ends), never after an interrupt of one process: not saved")
-        if self._pending_save is not None:
+        if self.position.pending_logs is not None:
             self._save_pending()
             return None
         model = self.model  # on JAX, reading it syncs the training state into the variables
-        if not self._in_epoch or model is None:
+        if not self.position.in_epoch or model is None:
             return None
         step = training_state.iterations(model)
-        batch = step - self._epoch_start_step
+        batch = self.position.batch_at(step)
         if batch <= 0 or step == self.last_saved_step:
             return None
         steps = (self.params or {}).get("steps")
@@ -451,27 +405,26 @@ class CheckpointCallback(OptionAttributes, keras.callbacks.Callback):
                     "(validation, callbacks): not saved")
         if self.save_best_only:
             return "save_best_only=True saves only improvements at epoch ends: not saved"
-        logs = training_state.logs_to_floats(training_state.metrics_so_far(model))
-        self._save(self.epochs_done, batch, logs)
+        self._save(batch, training_state.logs_to_floats(training_state.metrics_so_far(model)))
         return None
 
     def witness(self, kind: str, index: int, logs: dict[str, Any] | None) -> None:
         """Run.fit's first callback saw an epoch end or a batch end, before any other callback; a
         batch end's ``logs`` get a resumed epoch's saved metric totals, for the callbacks after it."""
-        self._witnessed = (kind, index, logs)
+        self.position.witnessed = (kind, index, logs)
         if kind == "batch":
             self._add_resumed_metrics(logs)
 
     def save_after_error(self) -> None:
         """An exception from another callback ended fit in a hook this one had not reached yet:
         save what this callback would have saved there (as Keras' ModelCheckpoint before it would)."""
-        seen, self._witnessed = self._witnessed, None
+        seen = self.position.take_witnessed()
         if seen is None or self.model is None or self.manager.job is not None:  # #36: as save_interrupted
             return
         kind, index, logs = seen
         if kind == "epoch":
             self.on_epoch_end(index, logs)
-        elif self._in_epoch:
+        elif self.position.in_epoch:
             self.on_train_batch_end(index, logs)
         self._save_pending()
 
@@ -504,35 +457,33 @@ class CheckpointCallback(OptionAttributes, keras.callbacks.Callback):
         self.restored_state.hand_over(self._siblings, epoch, self.filepath)
 
     def _save_pending(self) -> None:
-        if self._pending_save is not None:
-            logs = training_state.logs_to_floats(self._pending_save)
-            self._pending_save = None
+        pending = self.position.take_pending()
+        if pending is not None:
+            logs = training_state.logs_to_floats(pending)
             self.history[self.epochs_done - 1] = logs
-            self._save(self.epochs_done, 0, logs)
+            self._save(0, logs)
 
-    def _save(self, epoch: int, batch: int, logs: dict[str, float]) -> None:
+    def _save(self, batch: int, logs: dict[str, float]) -> None:
+        """Save the model at the current step, ``batch`` batches into epoch ``epochs_done`` + 1 (0:
+        at the end of epoch ``epochs_done``), if the schedule keeps it."""
         step = training_state.iterations(self.model)
         if batch and step == self.last_saved_step:
             return  # never two checkpoints of the same state
-        if not self.schedule.keeps(epoch, logs, mid_epoch=batch > 0):
+        if not self.schedule.keeps(self.epochs_done, logs, mid_epoch=batch > 0):
             return
         self.schedule.restart_clock()
         if not self.is_chief() and self.manager.job is None:  # #36: in a split job every process saves
             return
+        if batch:
+            self._add_resumed_metrics()  # the epoch's metric totals go into the checkpoint
         progress = Progress(epochs_done=self.epochs_done, best=self.best, stopped_early=self.stopped_early,
                             epochs_planned=(self.params or {}).get("epochs"),
                             history=self.history[: self.epochs_done])
-        callback_states, arrays = training_state.callback_states(self._siblings)
-        state = self.builder.state(self.model, progress, callback_states, step, batch, self.feed)
-        if "inputs" in state:  # where the inputs stand at the newest checkpoint, for a later run.fit
-            self.restored_state.inputs = state["inputs"]
-        if batch:
-            self._add_resumed_metrics()
-            state["epoch_rng"] = self._epoch_rng
-            arrays.update(training_state.metric_arrays(self.model))
-        name = self.storage.template.format(epoch, step, logs, mid_epoch=batch > 0, batch=batch)
-        self.builder.save(self.model, self.strategy, name=name, step=step, batch=batch, logs=logs,
-                          progress=progress, state=state, arrays=arrays, callback_states=callback_states)
+        inputs = self.builder.save(self.model, self.strategy, step=step, batch=batch, logs=logs,
+                                   progress=progress, callbacks=self._siblings, feed=self.feed,
+                                   epoch_rng=self.position.epoch_rng)
+        if inputs is not None:  # where the inputs stand at the newest checkpoint, for a later run.fit
+            self.restored_state.inputs = inputs
         self.schedule.restart_clock()  # the interval counts training, not saving (nor a full disk)
 
     def print_lines(self, *, fit_ended: bool = False) -> None:

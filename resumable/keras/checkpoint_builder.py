@@ -16,6 +16,7 @@ import logging
 import shutil
 import time
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -101,11 +102,27 @@ class CheckpointBuilder:
             summary["frozen"] = trainable.fingerprint(model).to_json()
         return state_file.jsonable(summary)
 
-    def save(self, model: keras.Model, strategy: Any, *, name: str, step: int, batch: int,
-             logs: dict[str, float], progress: Progress, state: dict[str, Any], arrays: dict[str, Any],
-             callback_states: dict[str, Any]) -> None:
-        """Stage checkpoint ``name`` of ``model`` at optimizer step ``step`` (``batch`` into its
-        epoch; 0 at an epoch end) and submit it: committed in the background or now."""
+    def save(self, model: keras.Model, strategy: Any, *, step: int, batch: int, logs: dict[str, float],
+             progress: Progress, callbacks: Sequence[keras.callbacks.Callback], feed: Feed | None,
+             epoch_rng: dict[str, Any]) -> dict[str, Any] | None:
+        """Stage the checkpoint of ``model`` at optimizer step ``step`` (``batch`` into its epoch, whose
+        data order came from the RNG states ``epoch_rng``; 0 at an epoch end) with the state of the
+        fit's ``callbacks``, and submit it: committed in the background or now. Returns where the
+        inputs of ``feed`` stand in it, if known."""
+        callback_states, arrays = training_state.callback_states(callbacks)
+        state = self.state(model, progress, callback_states, step, batch, feed)
+        if batch:
+            state["epoch_rng"] = epoch_rng
+            arrays.update(training_state.metric_arrays(model))
+        name = self.manager.storage.template.format(progress.epochs_done, step, logs, mid_epoch=batch > 0,
+                                                    batch=batch)
+        self._stage_and_submit(model, strategy, name=name, step=step, batch=batch, logs=logs,
+                               progress=progress, state=state, arrays=arrays, callback_states=callback_states)
+        return state.get("inputs")
+
+    def _stage_and_submit(self, model: keras.Model, strategy: Any, *, name: str, step: int, batch: int,
+                          logs: dict[str, float], progress: Progress, state: dict[str, Any],
+                          arrays: dict[str, Any], callback_states: dict[str, Any]) -> None:
         started = time.monotonic()
         logger.info("resumable: saving %s", name)
         staging = self.manager.stage(name, drop_cached=False)  # dropped by the writer, or below

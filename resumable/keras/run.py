@@ -128,7 +128,7 @@ class Run:
         # epoch and batch end before the others: a later callback raising there cannot lose that
         # checkpoint (see _interrupted).
         feed = Feed(self.model, args, kwargs, epoch=self.initial_epoch, batch=self.callback.resume_batch,
-                    saved=self.callback.resume_inputs)
+                    saved=self.callback.restored_state.inputs)
         everything = [feed, Witness(self.callback)] + [c for c in own if c is not self.callback] + [
             self.callback]
         self._fitted = True
@@ -170,7 +170,7 @@ class Run:
             steps = feed.arguments.get("steps_per_epoch")
             remaining = steps - batch if steps is not None and steps > batch else None
             partial = rest_of_epoch(self.model, (), feed.arguments_for(limit=remaining, skip=batch), batch,
-                                    self.callback.resume_epoch_rng or {},
+                                    self.callback.restored_state.epoch_rng or {},
                                     positioned=feed.positions_rest_of_epoch)
             if isinstance(partial, str):
                 where = self.checkpoint.url if self.checkpoint else self.callback.filepath
@@ -181,12 +181,12 @@ class Run:
                     logger.info("%s", message)
                 else:
                     warnings.warn(message, stacklevel=3)
-                self.callback.replay_epoch()
+                self.callback.restored_state.replay_epoch()
             else:
                 if feed.arguments.get("verbose", 1):
                     print(f"resumable: epoch {self.initial_epoch + 1} continues at batch {batch + 1}")
                 logger.info("resumable: epoch %d continues at batch %d", self.initial_epoch + 1, batch + 1)
-                self.callback.begin_partial_epoch(batch, self.model)
+                self.callback.restored_state.begin_partial_epoch(batch, self.model)
                 # Keras' header would read "Epoch E/E" for this fit of one epoch: show the run's total.
                 headers = [] if any(isinstance(c, keras.callbacks.ProgbarLogger) for c in callbacks) else [
                     _RunEpochs(epochs)]
@@ -202,7 +202,7 @@ class Run:
                     feed.fit_done()
                 if self.callback.stopped_early or self.initial_epoch >= epochs:
                     return _merge(histories, self.model)
-                self.callback.carry_over()
+                self.callback.restored_state.carry_over(callbacks)  # Keras resets them
         arguments = feed.arguments_for()
         # With steps_per_epoch, Keras reads one stream across epochs: a resumed fit starts it anew.
         continued = (self.checkpoint is not None and self.initial_epoch > 0
@@ -301,7 +301,8 @@ class Run:
 
     def _final_weights(self, callbacks: list[keras.callbacks.Callback]) -> str:
         """A run that is over: the model as an unbroken run ends it (EarlyStopping's best weights)."""
-        return final_weights(self.model, callbacks, self.callback.give_state, self.initial_epoch)
+        return final_weights(self.model, callbacks, self.callback.restored_state.give_state,
+                             self.initial_epoch)
 
     def _done(self, message: str, kwargs: dict[str, Any]) -> keras.callbacks.History:
         if kwargs.get("verbose", 1):
