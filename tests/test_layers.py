@@ -151,7 +151,7 @@ def test_only_the_callback_and_its_parts_touch_its_private_fields() -> None:
     # Run, resume's restore, BackupAndRestore (a subclass), the drop-ins and the signal handlers
     # use the callback's public methods (restore, restore_nothing, forget_run, start_over, ...).
     private = callback_private_names()
-    assert {"_save", "_siblings", "_last", "_stop_signal"} <= private
+    assert {"_siblings", "_last", "_start", "_stop_if_asked"} <= private
     found = {path.name: uses for path in sorted((PACKAGE / "keras").rglob("*.py"))
              if path.name not in CALLBACK_PARTS and (uses := private_uses(path.read_text(), private))}
     assert found == {}
@@ -160,6 +160,6 @@ def test_only_the_callback_and_its_parts_touch_its_private_fields() -> None:
 def test_the_private_field_check_finds_a_field_written_from_outside() -> None:
     private = callback_private_names()
     source = ("def roll_back(run):\n    run.callback._siblings = []\n"
-              "class Backup(CheckpointCallback):\n    def forget(self):\n        self._stop_signal = None\n"
+              "class Backup(CheckpointCallback):\n    def forget(self):\n        self._last = None\n"
               "class Feed:\n    def end(self):\n        self._siblings = 0\n")
-    assert private_uses(source, private) == ["2: ._siblings", "5: ._stop_signal"]
+    assert private_uses(source, private) == ["2: ._siblings", "5: ._last"]

@@ -185,7 +185,6 @@ class CheckpointCallback(OptionAttributes, keras.callbacks.Callback):
         self._siblings: list[keras.callbacks.Callback] = []
         self._last = True
         self.feed: Feed | None = None  # Run.fit's, while it runs: its positions go into every checkpoint
-        self._stop_signal: int | None = None  # a SIGINT/SIGTERM asked to save and stop
 
     def __repr__(self) -> str:
         return (
@@ -277,15 +276,6 @@ class CheckpointCallback(OptionAttributes, keras.callbacks.Callback):
         self.stopped_early = bool(state.get("stopped_early", False))
         self.builder.last_saved_step = manifest.step
 
-    def request_stop(self, signum: int) -> None:
-        """Stop at the next batch end (Run.fit's signal handlers); Run.fit then saves."""
-        self._stop_signal = signum
-
-    def take_stop_request(self) -> int | None:
-        """The signal that asked to stop and was not acted on yet; clears it."""
-        signum, self._stop_signal = self._stop_signal, None
-        return signum
-
     def restore_nothing(self, damaged: set[str]) -> None:
         """A new run in a folder whose only checkpoints are damaged: training replaces them."""
         self.manager.resumed_from(None, damaged)
@@ -308,7 +298,7 @@ class CheckpointCallback(OptionAttributes, keras.callbacks.Callback):
     @gives_lease_back_on_error
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self.print_lines()  # before Keras' "Epoch N/M" header (its progress bar runs after this callback)
-        self._save_pending()
+        self.save_owed()
         self._stop_if_asked()
         if self.position.first_epoch:
             self.position.first_epoch = False
@@ -318,7 +308,7 @@ class CheckpointCallback(OptionAttributes, keras.callbacks.Callback):
     @gives_lease_back_on_error
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         step = self.position.batch_ends(batch, self.restored_state.batch_offset)
-        self._add_resumed_metrics()
+        self.add_resumed_metrics()
         self._stop_if_asked()
         self.manager.check_lease()  # taken over by another process (found by a renewal): stop training
         if (self.params or {}).get("verbose") not in (1, "auto"):
@@ -330,7 +320,7 @@ class CheckpointCallback(OptionAttributes, keras.callbacks.Callback):
         if self.save_interval is not None and self.manager.job is not None:
             due = multihost.chief_decides(due)  # #36: every process saves at the same step
         if due:
-            self._save(self.position.batch, training_state.logs_to_floats(logs))
+            self.save_checkpoint(self.position.batch, training_state.logs_to_floats(logs))
 
     @gives_lease_back_on_error
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
@@ -342,7 +332,7 @@ class CheckpointCallback(OptionAttributes, keras.callbacks.Callback):
         self.restored_state.end_epoch()
         if self._last:  # every other callback has run its on_epoch_end: the state is this epoch's
             self.stopped_early = bool(self.model.stop_training)
-            self._save(0, floats)
+            self.save_checkpoint(0, floats)
         else:
             # Saved at the next on_epoch_begin (or on_train_end), once the callbacks after this
             # one have updated their counters, the learning rate and the logs (ReduceLROnPlateau
@@ -353,7 +343,7 @@ class CheckpointCallback(OptionAttributes, keras.callbacks.Callback):
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
         if self.position.pending_logs is not None and self.model.stop_training:
             self.stopped_early = True
-        self._save_pending()
+        self.save_owed()
         self.position.in_epoch = False
         try:
             self.wait_for_uploads()
@@ -378,57 +368,7 @@ class CheckpointCallback(OptionAttributes, keras.callbacks.Callback):
         """
         return self.manager.wait(timeout)
 
-    def save_interrupted(self) -> str | None:
-        """Save where an interrupted fit stands: a mid-epoch checkpoint at the batch reached.
-
-        Called by `Run.fit` when a KeyboardInterrupt or SIGTERM leaves ``model.fit``. The batch
-        comes from the optimizer's iterations, so an interrupt raised by a callback that runs
-        before this one is placed right. Nothing is saved when that step is already saved.
-        Returns why nothing was saved, or None.
-        """
-        if self.manager.job is not None:  # #36
-            return ("a model split across processes is saved where every process saves (save_freq, "
-                    "epoch ends), never after an interrupt of one process: not saved")
-        if self.position.pending_logs is not None:
-            self._save_pending()
-            return None
-        model = self.model  # on JAX, reading it syncs the training state into the variables
-        if not self.position.in_epoch or model is None:
-            return None
-        step = training_state.iterations(model)
-        batch = self.position.batch_at(step)
-        if batch <= 0 or step == self.last_saved_step:
-            return None
-        steps = (self.params or {}).get("steps")
-        if steps is not None and batch >= steps + self.restored_state.batch_offset:
-            return (f"interrupted after the last batch of epoch {self.epochs_done + 1}, before its end "
-                    "(validation, callbacks): not saved")
-        if self.save_best_only:
-            return "save_best_only=True saves only improvements at epoch ends: not saved"
-        self._save(batch, training_state.logs_to_floats(training_state.metrics_so_far(model)))
-        return None
-
-    def witness(self, kind: str, index: int, logs: dict[str, Any] | None) -> None:
-        """Run.fit's first callback saw an epoch end or a batch end, before any other callback; a
-        batch end's ``logs`` get a resumed epoch's saved metric totals, for the callbacks after it."""
-        self.position.witnessed = (kind, index, logs)
-        if kind == "batch":
-            self._add_resumed_metrics(logs)
-
-    def save_after_error(self) -> None:
-        """An exception from another callback ended fit in a hook this one had not reached yet:
-        save what this callback would have saved there (as Keras' ModelCheckpoint before it would)."""
-        seen = self.position.take_witnessed()
-        if seen is None or self.model is None or self.manager.job is not None:  # #36: as save_interrupted
-            return
-        kind, index, logs = seen
-        if kind == "epoch":
-            self.on_epoch_end(index, logs)
-        elif self.position.in_epoch:
-            self.on_train_batch_end(index, logs)
-        self._save_pending()
-
-    def _add_resumed_metrics(self, logs: dict[str, Any] | None = None) -> None:
+    def add_resumed_metrics(self, logs: dict[str, Any] | None = None) -> None:
         """Once the first batch of a resumed epoch has built the metrics, add the saved totals; and
         correct that batch's ``logs`` (the dict every callback after this call is given), which
         Keras computed from the one batch."""
@@ -437,7 +377,7 @@ class CheckpointCallback(OptionAttributes, keras.callbacks.Callback):
             logs.update({k: v for k, v in floats.items() if k in logs})
 
     def _stop_if_asked(self) -> None:
-        signum = self.take_stop_request()
+        signum = self.position.take_stop_request()
         if signum is None:
             return
         if signum == signal.SIGTERM:
@@ -456,14 +396,15 @@ class CheckpointCallback(OptionAttributes, keras.callbacks.Callback):
             )
         self.restored_state.hand_over(self._siblings, epoch, self.filepath)
 
-    def _save_pending(self) -> None:
+    def save_owed(self) -> None:
+        """Save the epoch end whose save waits for the callbacks after this one, if any."""
         pending = self.position.take_pending()
         if pending is not None:
             logs = training_state.logs_to_floats(pending)
             self.history[self.epochs_done - 1] = logs
-            self._save(0, logs)
+            self.save_checkpoint(0, logs)
 
-    def _save(self, batch: int, logs: dict[str, float]) -> None:
+    def save_checkpoint(self, batch: int, logs: dict[str, float]) -> None:
         """Save the model at the current step, ``batch`` batches into epoch ``epochs_done`` + 1 (0:
         at the end of epoch ``epochs_done``), if the schedule keeps it."""
         step = training_state.iterations(self.model)
@@ -475,7 +416,7 @@ class CheckpointCallback(OptionAttributes, keras.callbacks.Callback):
         if not self.is_chief() and self.manager.job is None:  # #36: in a split job every process saves
             return
         if batch:
-            self._add_resumed_metrics()  # the epoch's metric totals go into the checkpoint
+            self.add_resumed_metrics()  # the epoch's metric totals go into the checkpoint
         progress = Progress(epochs_done=self.epochs_done, best=self.best, stopped_early=self.stopped_early,
                             epochs_planned=(self.params or {}).get("epochs"),
                             history=self.history[: self.epochs_done])

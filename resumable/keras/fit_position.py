@@ -1,9 +1,10 @@
-"""Where a running fit stands, for `CheckpointCallback`: the epoch and batch, and the saves owed.
+"""Where a running fit stands, for `CheckpointCallback`: the epoch and batch, and what is owed.
 
 A checkpoint records the batch it was taken at and the RNG states that ordered its epoch's
 data; an interrupt saves at the optimizer step reached. Two saves can be owed: an epoch end's,
 held until the callbacks after the checkpoint callback have updated their state, and the hook
-end that Run.fit's witness saw before an exception from another callback left it.
+end that Run.fit's witness saw before an exception from another callback left it. And a stop:
+a signal that asked to save and stop at the next batch end (`interrupts.StopSignals`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ class FitPosition:
         self.epoch_rng: dict[str, Any] = {}  # the RNG states at the epoch's start: its data order
         self.pending_logs: dict[str, Any] | None = None  # the epoch's logs dict, shared by all callbacks
         self.witnessed: tuple[str, int, Any] | None = None  # a hook end seen first by the witness
+        self.stop_signal: int | None = None  # a SIGINT/SIGTERM asked to save and stop
 
     @property
     def batches_in_epoch(self) -> int:
@@ -68,6 +70,15 @@ class FitPosition:
         """The logs of the epoch end whose save is owed, if any; it is no longer owed."""
         logs, self.pending_logs = self.pending_logs, None
         return logs
+
+    def request_stop(self, signum: int) -> None:
+        """Stop at the next batch end (Run.fit's signal handlers); Run.fit then saves."""
+        self.stop_signal = signum
+
+    def take_stop_request(self) -> int | None:
+        """The signal that asked to stop and was not acted on yet; clears it."""
+        signum, self.stop_signal = self.stop_signal, None
+        return signum
 
     def take_witnessed(self) -> tuple[str, int, Any] | None:
         """The hook end the witness saw that this callback had not reached, if any."""

@@ -1,9 +1,10 @@
 """Ctrl-C and SIGTERM during `Run.fit`: save a checkpoint at the next batch end, then stop.
 
 Colab's "stop cell" is a SIGINT; a VM being recycled may send SIGTERM first. Either way the
-work since the last checkpoint is saved before training stops. And an exception from another
-callback: `Witness` tells the checkpoint callback of each epoch and batch end first, so that
-the checkpoint of the hook the exception left is still saved.
+work since the last checkpoint is saved before training stops (`StopSignals`), or where the
+interrupt left the fit (`save_interrupted`). And an exception from another callback: `Witness`
+tells the checkpoint callback of each epoch and batch end first, so that the checkpoint of the
+hook the exception left is still saved (`save_after_error`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from types import FrameType, TracebackType
 from typing import TYPE_CHECKING, Any
 
 import keras
+
+from resumable.keras import training_state
 
 if TYPE_CHECKING:
     from resumable.keras.callback import CheckpointCallback
@@ -52,7 +55,7 @@ class StopSignals:
                  traceback: TracebackType | None) -> None:
         for signum, previous in self._previous.items():
             signal.signal(signum, previous)
-        if self.callback.take_stop_request() is None:
+        if self.callback.position.take_stop_request() is None:
             self.received = None  # the callback acted on it
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
@@ -69,7 +72,7 @@ class StopSignals:
         name = "SIGTERM" if signum == signal.SIGTERM else "Ctrl-C"
         print(f"\nresumable: {name}: saving a checkpoint at the end of this batch, then stopping "
               f"(send it again to stop at once)", file=sys.stderr, flush=True)
-        self.callback.request_stop(signum)
+        self.callback.position.request_stop(signum)
 
     def _act_as_before(self, signum: int, frame: FrameType | None) -> None:
         """What the handler in place before ours does: put it back and run it."""
@@ -86,17 +89,64 @@ class StopSignals:
 class Witness(keras.callbacks.Callback):
     """First among Run.fit's callbacks: tells the checkpoint callback of each epoch and batch end
     before any other callback runs, so an exception raised by one of them still leaves that
-    epoch's or step's checkpoint to save (`CheckpointCallback.save_after_error`)."""
+    epoch's or step's checkpoint to save (`save_after_error`)."""
 
     def __init__(self, owner: CheckpointCallback) -> None:
         super().__init__()
         self.owner = owner
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-        self.owner.witness("epoch", epoch, logs)
+        self.owner.position.witnessed = ("epoch", epoch, logs)
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-        self.owner.witness("batch", batch, logs)  # the others then see the epoch's running metrics
+        self.owner.position.witnessed = ("batch", batch, logs)
+        self.owner.add_resumed_metrics(logs)  # the others then see the epoch's running metrics
 
 
-__all__ = ["StopSignals", "Witness"]
+def save_interrupted(callback: CheckpointCallback) -> str | None:
+    """Save where an interrupted fit stands: a mid-epoch checkpoint at the batch reached.
+
+    Called by `Run.fit` when a KeyboardInterrupt or SIGTERM leaves ``model.fit``. The batch
+    comes from the optimizer's iterations, so an interrupt raised by a callback that runs
+    before ``callback`` is placed right. Nothing is saved when that step is already saved.
+    Returns why nothing was saved, or None.
+    """
+    if callback.manager.job is not None:  # #36
+        return ("a model split across processes is saved where every process saves (save_freq, "
+                "epoch ends), never after an interrupt of one process: not saved")
+    position = callback.position
+    if position.pending_logs is not None:
+        callback.save_owed()
+        return None
+    model = callback.model  # on JAX, reading it syncs the training state into the variables
+    if not position.in_epoch or model is None:
+        return None
+    step = training_state.iterations(model)
+    batch = position.batch_at(step)
+    if batch <= 0 or step == callback.last_saved_step:
+        return None
+    steps = (callback.params or {}).get("steps")
+    if steps is not None and batch >= steps + callback.restored_state.batch_offset:
+        return (f"interrupted after the last batch of epoch {callback.epochs_done + 1}, before its end "
+                "(validation, callbacks): not saved")
+    if callback.save_best_only:
+        return "save_best_only=True saves only improvements at epoch ends: not saved"
+    callback.save_checkpoint(batch, training_state.logs_to_floats(training_state.metrics_so_far(model)))
+    return None
+
+
+def save_after_error(callback: CheckpointCallback) -> None:
+    """An exception from another callback ended fit in a hook ``callback`` had not reached yet:
+    save what it would have saved there (as Keras' ModelCheckpoint before it would)."""
+    seen = callback.position.take_witnessed()
+    if seen is None or callback.model is None or callback.manager.job is not None:  # #36: as above
+        return
+    kind, index, logs = seen
+    if kind == "epoch":
+        callback.on_epoch_end(index, logs)
+    elif callback.position.in_epoch:
+        callback.on_train_batch_end(index, logs)
+    callback.save_owed()
+
+
+__all__ = ["StopSignals", "Witness", "save_after_error", "save_interrupted"]

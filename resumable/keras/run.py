@@ -22,7 +22,7 @@ from resumable.keras import compat, loading, multihost, topology, torch_backend,
 from resumable.keras.callback import CheckpointCallback
 from resumable.keras.continuity import csv_logs_continued, final_weights
 from resumable.keras.inputs import Feed
-from resumable.keras.interrupts import StopSignals, Witness
+from resumable.keras.interrupts import StopSignals, Witness, save_after_error, save_interrupted
 from resumable.keras.positioning import rest_of_epoch
 from resumable.keras.restore import restore_checkpoint
 from resumable.manager.run_manager import RunManager
@@ -229,7 +229,7 @@ class Run:
         )
         if not stops.abandoned:
             try:  # another callback raised before ours ran in that hook: save what Keras' would have
-                self.callback.save_after_error()
+                save_after_error(self.callback)
             except Exception as e:  # noqa: BLE001 - never mask the exception
                 warnings.warn(f"resumable: could not save after the error: {e}", stacklevel=3)
         if not interrupt or stops.abandoned:
@@ -237,7 +237,7 @@ class Run:
             return
         note = None
         try:
-            note = self.callback.save_interrupted()
+            note = save_interrupted(self.callback)
         except Exception as e:  # noqa: BLE001 - never mask the interrupt
             note = f"could not save the interrupted state: {e}"
         self._finish_uploads(quiet=True)

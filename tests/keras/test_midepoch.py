@@ -25,6 +25,7 @@ from paths import JOBS
 
 import resumable
 from resumable import RunStorage
+from resumable.keras.interrupts import save_interrupted
 
 keras = pytest.importorskip("keras")
 
@@ -229,7 +230,7 @@ def test_an_interrupt_saves_unless_that_step_is_saved(
         # after ours: at batch 4, ours has just saved step 4 (a multiple of save_freq) when it raises
         model.fit(X, Y, epochs=1, batch_size=BATCH, shuffle=False, verbose=0,
                   callbacks=[callback, InterruptAt(0, interrupt_at)])
-    assert callback.save_interrupted() is None
+    assert save_interrupted(callback) is None
     callback.wait_for_uploads()
     assert [c.step for c in RunStorage(url).list()] == steps
 
