@@ -6,7 +6,6 @@ import logging
 import signal
 import warnings
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import keras
@@ -14,18 +13,17 @@ import keras
 from resumable.core.display import printable
 from resumable.core.errors import (
     CheckpointNotFoundError,
-    CorruptCheckpointError,
     LeaseLostError,
     ResumableError,
 )
-from resumable.keras import compat, loading, multihost, topology, torch_backend, training_state
+from resumable.keras import compat, loading, topology, torch_backend, training_state
 from resumable.keras.callback import CheckpointCallback
 from resumable.keras.continuity import csv_logs_continued, final_weights
 from resumable.keras.inputs import Feed
 from resumable.keras.interrupts import StopSignals, Witness, save_after_error, save_interrupted
+from resumable.keras.newest_checkpoint import load_newest
 from resumable.keras.positioning import rest_of_epoch
 from resumable.keras.restore import restore_checkpoint
-from resumable.manager.run_manager import RunManager
 from resumable.manager.storage_names import CheckpointInfo
 
 logger = logging.getLogger("resumable")
@@ -364,7 +362,7 @@ def resume(
     manager = callback.manager
     callback.warn_if_leased()  # before a download that fit would waste
     reads = loading.ReadOnce()
-    loaded = _load_newest(manager, build_model, strategy, distribution, callback.barrier_timeout, reads)
+    loaded = load_newest(manager, build_model, strategy, distribution, callback.barrier_timeout, reads)
     if loaded is not None:
         info, local, model = loaded
         restore_checkpoint(callback, info, local, reads)
@@ -401,83 +399,6 @@ def _say_if_other_backend(info: CheckpointInfo) -> None:
         f"{_BACKEND_NAMES.get(current, current)}: epochs and state continue exactly, floating point does not")
     print(message, flush=True)
     logger.info("%s", message)
-
-
-def _load_newest(manager: RunManager, build_model: Callable[[], keras.Model] | None, strategy: Any,
-                 distribution: Any, barrier_timeout: float, reads: loading.ReadOnce
-                 ) -> tuple[CheckpointInfo, Path, keras.Model] | None:
-    """The model of the newest checkpoint that loads, with its info and folder; None if none.
-    ``reads``: what is read of each checkpoint's state.json and arrays.npz, kept for its restore.
-
-    From a bucket, the weights' shards are loaded as they come down (`RunManager.arriving_newest`):
-    one that comes down damaged makes the checkpoint damaged, and the next older one is tried.
-    """
-    def warn(problem: str) -> None:
-        warnings.warn(f"resumable: {problem}", stacklevel=5)
-
-    if topology.process_count() > 1:  # every process must resume from the one process 0 chose
-        job = multihost.JobResume(manager, timeout=barrier_timeout)  # #36: a model split across processes
-        if job.newest_is_split():
-            return job.load_newest(build_model, distribution=distribution, warn=warn, reads=reads)
-        found = _follow_chief(manager, manager.fetch_newest(warn=warn, check=reads.check))
-        if found is None:
-            return None
-        info, local = found
-        return info, local, loading.load_model(local, build_model, strategy=strategy,
-                                               distribution=distribution, where=info.url, reads=reads)
-    while (arriving := manager.arriving_newest(warn=warn, check=reads.check,
-                                               streamed=loading.is_shard)) is not None:
-        info, arrival = arriving  # a bad state.json was skipped as damaged
-        with arrival:
-            try:
-                load = multihost.load_model if multihost.holds(info) else loading.load_model  # #36
-                model = load(arrival.folder, build_model, strategy=strategy, distribution=distribution,
-                             where=info.url, landed=arrival.wait_for, reads=reads)
-                return info, arrival.result(), model
-            except CorruptCheckpointError as e:
-                reads.forget(arrival.folder)
-                warn(printable(str(e)))
-                manager.mark_damaged(info.name)
-    return None
-
-
-def _position(info: CheckpointInfo | None) -> list[int]:
-    if info is None:
-        return [-1, -1, -1]
-    return [int(info.epoch or 0), int(info.step or 0), int(info.manifest.batch if info.manifest else 0)]
-
-
-def _follow_chief(manager: RunManager, found: tuple[CheckpointInfo, Path] | None
-                  ) -> tuple[CheckpointInfo, Path] | None:
-    """Several JAX processes: each resumes from the checkpoint process 0 chose (same epoch, step, batch).
-
-    Every process reads the same folder, so they nearly always agree already; this makes sure
-    of it (one collective), and a process that saw the folder differently follows process 0.
-    """
-    if topology.process_count() == 1:
-        return found
-    ours = _position(found[0] if found else None)
-    chief = topology.broadcast_from_chief(ours)
-    if chief == ours:
-        return found
-    index = topology.process_index()
-    if chief[0] < 0:
-        logger.warning("resumable: process %d: process 0 found no checkpoint in %s and starts the run anew; "
-                       "so does this process", index, manager.url)
-        return None
-    for info in manager.newest_first():
-        if _position(info) == chief:
-            try:
-                return info, manager.fetch(info)
-            except CorruptCheckpointError as e:
-                raise ResumableError(
-                    f"process {index}: {info.url}, which process 0 resumes from, cannot be read here ({e}); "
-                    "every process must see the same run folder"
-                ) from e
-    raise ResumableError(
-        f"process {index}: {manager.url} has no checkpoint at epoch {chief[0]}, step {chief[1]}, which "
-        "process 0 resumes from; every process must see the same run folder"
-    )
 
 
 class _RunEpochs(keras.callbacks.ProgbarLogger):
