@@ -59,7 +59,10 @@ class _Server:
             if word == "SERVER":
                 ready.put(text.strip())
             elif word == "CHILD":
-                self._started[int(rest[0])].put(int(rest[1]))
+                pid = int(rest[1])
+                with self._exited:  # the pid of a job that ended before: its status is not this one's
+                    self._exits.pop(pid, None)
+                self._started[int(rest[0])].put(pid)
             elif word == "EXIT":
                 with self._exited:
                     self._exits[int(rest[0])] = int(rest[1])
