@@ -10,7 +10,7 @@ from typing import Any
 import backends
 import numpy as np
 import pytest
-from writer_traces import instances, new_threads, run_folder
+from writer_traces import built, new_threads, run_folder
 
 import resumable
 from resumable import RunStorage
@@ -57,11 +57,10 @@ def test_resume_changes_nothing_in_the_run_folder_until_fit_writes(run_url: str)
     storage = RunStorage(run_url)
     assert read_lease(storage) is None
     before, listing = set(threading.enumerate()), run_folder(storage)
-    leases, uploaders = instances(Lease), instances(Uploader)
-
-    run = resumable.resume(run_url, build_model=make_model, keep_best=0)
+    with built(Lease, Uploader) as writers:
+        run = resumable.resume(run_url, build_model=make_model, keep_best=0)
     assert run.initial_epoch == 2 and run.checkpoint is not None and run.checkpoint.name == "ckpt-000002"
-    assert instances(Lease) == leases and instances(Uploader) == uploaders  # no writer built
+    assert writers == {}  # no writer built
     assert new_threads(before) == set()
     assert read_lease(storage) is None
     assert run_folder(storage) == listing  # not a file added, removed, rewritten or touched

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from storage_helpers import commit, names, put_raw
-from writer_traces import instances, new_threads, run_folder
+from writer_traces import built, new_threads, run_folder
 
 from resumable import Manifest, RunStorage
 from resumable.core.policy import Retention
@@ -34,29 +34,27 @@ def test_a_resume_that_only_reads_builds_no_writer(two_checkpoints: RunStorage, 
                                                    tmp_path: Path) -> None:
     storage = two_checkpoints
     before, listing = set(threading.enumerate()), run_folder(storage)
-    leases, uploaders = instances(Lease), instances(Uploader)
-
-    manager = RunManager(storage.url, staging_dir=tmp_path / "s", retention=None)
-    assert manager.blocking_writer() is None
-    problems: list[str] = []
-    found = manager.fetch_newest(warn=problems.append)
-    assert found is not None
-    info, local = found
-    assert info.name == "ckpt-000001" and (local / "model.keras").read_bytes() == bytes([1]) * 100
-    manager.resumed_from(info, manager.damaged)
-    manager.keep_only_cached(info.name)
-    assert manager.check_continues(info.name, step=10) is None
-    assert manager.newest_good() == info and manager.last_checkpoint == info
-    assert names(manager.plan_pruning(Retention(keep_last=5)).doomed) == []
-    # what run.fit's ends and the notebook's hooks call when nothing was written: nothing to do
-    assert manager.wait() is True and manager.pending == [] and manager.job is None
-    manager.check_lease()
-    manager.finish(quiet=True)
-    manager.release()
-    assert repr(manager) == f"RunManager({storage.url!r}, lease held=False)"
-    assert manager.writes_in_place == (backend == "local")
-
-    assert instances(Lease) == leases and instances(Uploader) == uploaders
+    with built(Lease, Uploader) as writers:
+        manager = RunManager(storage.url, staging_dir=tmp_path / "s", retention=None)
+        assert manager.blocking_writer() is None
+        problems: list[str] = []
+        found = manager.fetch_newest(warn=problems.append)
+        assert found is not None
+        info, local = found
+        assert info.name == "ckpt-000001" and (local / "model.keras").read_bytes() == bytes([1]) * 100
+        manager.resumed_from(info, manager.damaged)
+        manager.keep_only_cached(info.name)
+        assert manager.check_continues(info.name, step=10) is None
+        assert manager.newest_good() == info and manager.last_checkpoint == info
+        assert names(manager.plan_pruning(Retention(keep_last=5)).doomed) == []
+        # what run.fit's ends and the notebook's hooks call when nothing was written: nothing to do
+        assert manager.wait() is True and manager.pending == [] and manager.job is None
+        manager.check_lease()
+        manager.finish(quiet=True)
+        manager.release()
+        assert repr(manager) == f"RunManager({storage.url!r}, lease held=False)"
+        assert manager.writes_in_place == (backend == "local")
+    assert writers == {}
     assert new_threads(before) == set()
     assert manager.storage.fence is None  # nothing fenced: nothing written
     assert read_lease(storage) is None
@@ -75,7 +73,9 @@ def test_the_first_write_builds_the_writer_and_fences_the_storage_first(two_chec
     committed: list[str] = []
     manager.on_commit = lambda info: committed.append(info.name)  # set before the writer exists
     manager.retention = Retention(keep_last=1)  # so is this: the writer reads it when it prunes
-    manager.acquire()
+    with built(Lease, Uploader) as writers:
+        manager.acquire()
+    assert writers == {"Lease": 1, "Uploader": 1}  # the writer, built at the first call that writes
     assert manager.storage.fence == manager.lease.fence  # fenced before the first write
     holder = read_lease(storage)
     assert holder is not None and holder.mine() and manager.lease.held
