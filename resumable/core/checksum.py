@@ -66,9 +66,14 @@ def _times(a: int, b: int, poly: int) -> int:
 
 
 def _powers(poly: int) -> list[int]:
-    """x^(2^k) modulo the polynomial, k = 0..31."""
+    """x^(2^k) modulo the polynomial, k = 0..66: a shift by any length below 2^64 bytes.
+
+    Not 32 entries used round and round, as zlib's ``crc32_combine`` does: that holds for
+    CRC-32, whose polynomial is irreducible (x^(2^32) = x), but not for CRC-32C, where it made
+    every piece of 512 MiB or more combine wrong.
+    """
     table = [1 << 30]  # x^1
-    for _ in range(31):
+    for _ in range(66):
         table.append(_times(table[-1], table[-1], poly))
     return table
 
@@ -88,7 +93,7 @@ def combine(first: int, second: int, second_length: int, poly: int = CRC32C_POLY
     n = second_length
     while n:
         if n & 1:
-            shift = _times(powers[k & 31], shift, poly)
+            shift = _times(powers[k], shift, poly)
         n >>= 1
         k += 1
     return _times(shift, first, poly) ^ second

@@ -27,6 +27,39 @@ def test_combine_joins_two_pieces_checksums_as_zlib_does(split: int) -> None:
     assert combine(zlib.crc32(first), zlib.crc32(second), len(second), CRC32_POLY) == zlib.crc32(data)
 
 
+def extended(crc: int, length: int, extend: object) -> int:
+    """``crc`` extended by ``length`` zero bytes, a MiB at a time (no buffer of that size)."""
+    zeros = bytes(2**20)
+    for at in range(0, length, len(zeros)):
+        crc = extend(crc, zeros[:min(len(zeros), length - at)])  # type: ignore[operator]
+    return crc
+
+
+# A weight of 512 MiB or more (a 250M-parameter model's kernel, its Adam slots) is one write:
+# every length up to the 64-bit offsets a file can have must combine right.
+@pytest.mark.parametrize("length", [2**29 - 1, 2**29, 2**29 + 3, 2**30 + 5, 2**32 + 7])
+def test_combine_joins_pieces_of_512_mib_and_more(length: int) -> None:
+    head = b"written first"
+    crc32c_whole = extended(google_crc32c.value(head), length, google_crc32c.extend)
+    crc32c_piece = extended(0, length, google_crc32c.extend)
+    assert combine(google_crc32c.value(head), crc32c_piece, length) == crc32c_whole
+    crc32_whole = extended(zlib.crc32(head), length, lambda crc, data: zlib.crc32(data, crc))
+    crc32_piece = extended(0, length, lambda crc, data: zlib.crc32(data, crc))
+    assert combine(zlib.crc32(head), crc32_piece, length, CRC32_POLY) == crc32_whole
+
+
+@pytest.mark.slow
+def test_one_write_of_512_mib_is_checksummed_as_the_file_holds_it(tmp_path: Path) -> None:
+    files = WrittenFiles(tmp_path / "ckpt")
+    big = np.zeros(2**29 + 4096, dtype=np.uint8)  # calloc'd: hashing reads the zero page, no RAM
+    big[::2**20] = 7
+    with files.create("weights.h5") as file:
+        file.write(b"a header, kept until the file closes")
+        file.write(memoryview(big))
+    path = tmp_path / "ckpt" / "weights.h5"
+    assert files.entries["weights.h5"].crc32c == crc32c_of_file(path)
+
+
 def test_an_hdf5_file_is_checksummed_from_its_writes_without_reading_it_back(tmp_path: Path) -> None:
     files = WrittenFiles(tmp_path / "ckpt")
     with files.create("weights.h5") as file, h5py.File(file, "w") as h5:
