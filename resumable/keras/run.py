@@ -255,7 +255,7 @@ class Run:
     def _roll_back_if_ahead(self) -> None:
         """After an exception ended an earlier fit of this Run mid-epoch, the model holds training
         no checkpoint has: go back to the newest checkpoint (or a new model), so no batch is trained twice."""
-        if not getattr(self, "_fitted", False):
+        if not self._fitted:
             return
         step = training_state.iterations(self.model)
         saved = self.callback.last_saved_step or 0
