@@ -88,3 +88,17 @@ def test_bench_multihost_tiny_prints_its_tables() -> None:
     if "orbax" in configs:
         assert rows["OrbaxCheckpoint, local"][0] != "-" and "ratio" in rows, rows
     assert "wrote" not in out  # the tiny run never rewrites the docs
+
+
+def test_bench_disk_prints_each_measure_with_its_rounds(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT.parent / "bench_disk.py"), "--mb", "2", "--rounds", "3",
+         "--folder", str(tmp_path)], capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    assert lines[0] == f"2 MB, 3 rounds, in {tmp_path}: median [min-max] seconds"
+    for measure in ("memory copy", "write into a new file", "write, then fsync"):
+        row = next(line for line in lines if line.startswith(measure))
+        assert len(row.split("each round: ")[1].split()) == 3, row
+    assert list(tmp_path.iterdir()) == []  # its files are gone

@@ -212,7 +212,8 @@ class Committer:
             folders = set()
             for rel, entry in written.items():
                 path = folder.path(name, rel)
-                found = sync_inside(folder.root, path)  # on disk before the manifest that vouches for it
+                # on disk before the manifest that vouches for it; its pages then left to the kernel
+                found = sync_inside(folder.root, path, drop_cached=True)
                 if not stat.S_ISREG(found.st_mode) or found.st_size != entry.size:
                     raise OSError(errno.EIO, f"{rel}: {found.st_size} bytes on disk, {entry.size} written")
                 folders.add(os.path.dirname(path))
