@@ -36,13 +36,18 @@ def commit(manager: RunManager, epoch: int) -> None:
     manager.submit(manager.stage(name), name, Manifest(epoch=epoch, step=epoch), write=write_files)
 
 
-def test_files_land_in_the_run_without_a_staged_copy_and_check_out(tmp_path: Path) -> None:
+def commit_once(tmp_path: Path) -> None:
+    """ckpt-000001 committed into ``tmp_path / "run"`` by a manager that then lets the run go."""
     manager = RunManager(str(tmp_path / "run"), staging_dir=tmp_path / "staging", async_upload=False)
     manager.acquire()
     try:
         commit(manager, 1)
     finally:
         manager.release()
+
+
+def test_files_land_in_the_run_without_a_staged_copy_and_check_out(tmp_path: Path) -> None:
+    commit_once(tmp_path)
     info = RunStorage(str(tmp_path / "run")).get("ckpt-000001")
     assert info.status is Status.OK and info.manifest is not None
     assert info.manifest.files["model.keras"].size == len(PAYLOAD)
@@ -71,12 +76,7 @@ def cached_pages(path: Path) -> int:
 def test_a_committed_files_pages_are_left_to_the_kernel(tmp_path: Path) -> None:
     # Cached, a checkpoint's bytes make the kernel reclaim memory before the next checkpoint's
     # write: on this machine 10x slower (docs/benchmarks.md). They are read back by a later session.
-    manager = RunManager(str(tmp_path / "run"), staging_dir=tmp_path / "staging", async_upload=False)
-    manager.acquire()
-    try:
-        commit(manager, 1)
-    finally:
-        manager.release()
+    commit_once(tmp_path)
     written = tmp_path / "run" / "ckpt-000001" / "model.keras"
     pages = (written.stat().st_size + mmap.PAGESIZE - 1) // mmap.PAGESIZE
     assert cached_pages(written) < pages // 4
