@@ -10,6 +10,7 @@ from typing import Any
 import backends
 import numpy as np
 import pytest
+from keras_helpers import small_model
 from writer_traces import built, new_threads, run_folder
 
 import resumable
@@ -30,14 +31,6 @@ def deterministic_ops() -> None:
     backends.deterministic_ops()
 
 
-def make_model() -> Any:
-    keras.utils.set_random_seed(3)
-    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(8, activation="relu"),
-                              keras.layers.Dense(1)])
-    model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse")
-    return model
-
-
 class LeaseSeen(keras.callbacks.Callback):  # type: ignore[misc]
     """The run folder's lease as each epoch ends, read from the folder itself."""
 
@@ -52,13 +45,13 @@ class LeaseSeen(keras.callbacks.Callback):  # type: ignore[misc]
 
 @pytest.mark.slow
 def test_resume_changes_nothing_in_the_run_folder_until_fit_writes(run_url: str) -> None:
-    first = resumable.resume(run_url, build_model=make_model, keep_best=0)
+    first = resumable.resume(run_url, build_model=small_model, keep_best=0)
     first.fit(X, Y, epochs=2, **FIT)
     storage = RunStorage(run_url)
     assert read_lease(storage) is None
     before, listing = set(threading.enumerate()), run_folder(storage)
     with built(Lease, Uploader) as writers:
-        run = resumable.resume(run_url, build_model=make_model, keep_best=0)
+        run = resumable.resume(run_url, build_model=small_model, keep_best=0)
     assert run.initial_epoch == 2 and run.checkpoint is not None and run.checkpoint.name == "ckpt-000002"
     assert writers == {}  # no writer built
     assert new_threads(before) == set()
@@ -77,7 +70,7 @@ def test_resume_changes_nothing_in_the_run_folder_until_fit_writes(run_url: str)
 @pytest.mark.slow
 def test_resume_from_an_empty_folder_creates_nothing(tmp_path: Path) -> None:
     url = str(tmp_path / "run")
-    run = resumable.resume(url, build_model=make_model, keep_best=0)
+    run = resumable.resume(url, build_model=small_model, keep_best=0)
     assert run.initial_epoch == 0 and run.checkpoint is None
     assert not Path(url).exists()  # the folder comes with the first checkpoint
     run.fit(X, Y, epochs=1, **FIT)
