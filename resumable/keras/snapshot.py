@@ -205,5 +205,5 @@ def _host_copy(value: Any) -> np.ndarray:
     if backend == "jax":
         return np.asarray(raw)
     if backend == "tensorflow" and hasattr(raw, "read_value"):  # any tf.Variable
-        return np.asarray(raw.read_value())
+        return compat.shared_buffer(np.asarray(raw.read_value()))  # a load must not write into it
     return np.array(keras.ops.convert_to_numpy(value), copy=True)

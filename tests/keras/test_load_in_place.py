@@ -17,7 +17,7 @@ keras = pytest.importorskip("keras")
 from resumable.keras import compat  # noqa: E402
 from resumable.keras.compat import in_place  # noqa: E402
 
-IN_PLACE = keras.backend.backend() == "jax"  # the others load as Keras does
+IN_PLACE = keras.backend.backend() in ("jax", "tensorflow")  # the others load as Keras does
 
 
 def trained_model(seed: int) -> keras.Model:
@@ -70,3 +70,90 @@ def test_a_value_that_does_not_fit_is_refused_as_keras_refuses_it() -> None:
     with compat.assigned_in_place(model), pytest.raises(ValueError):
         kernel.assign(np.zeros((7, 40), "float32"))  # Keras' own assign: the shape differs
     assert not any(overridden(model))
+
+
+def numpy(variable: keras.Variable) -> np.ndarray:
+    return keras.ops.convert_to_numpy(variable)
+
+
+def keras_assigns(model: keras.Model, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The paths of the variables that Keras' own ``assign`` is called for, from now on."""
+    called: list[str] = []
+    variable_class = type(model.variables[0])
+    keras_assign = variable_class.assign
+
+    def counted(variable: keras.Variable, value: object) -> object:
+        called.append(variable.path)
+        return keras_assign(variable, value)
+
+    monkeypatch.setattr(variable_class, "assign", counted)
+    return called
+
+
+def load(model: keras.Model, weights: Path) -> None:
+    with open(weights, "rb") as file:
+        if not compat.load_weights_from(model, io.BytesIO(file.read())):
+            pytest.skip("this Keras loads through load_weights, not in place")
+
+
+@pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="TensorFlow's variables")
+def test_on_tensorflow_each_array_is_written_into_the_variables_own_buffer(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Keras' assign is left to the scalars (the optimizer's counters); every array goes
+    straight into its variable's buffer, bit for bit."""
+    saved = trained_model(6)
+    saved.save_weights(str(tmp_path / "model.weights.h5"))
+    loaded = trained_model(7)
+    called = keras_assigns(loaded, monkeypatch)
+    load(loaded, tmp_path / "model.weights.h5")
+    everything = list(zip(saved.variables + saved.optimizer.variables,
+                          loaded.variables + loaded.optimizer.variables, strict=True))
+    assert sorted(called) == sorted(after.path for _, after in everything if len(after.shape) == 0)
+    for before, after in everything:
+        assert np.array_equal(numpy(before), numpy(after)), after.path
+
+
+@pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="TensorFlow's variables")
+def test_a_tensorflow_variable_that_copies_on_read_takes_keras_assign(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a sparse read (an embedding's gather), TensorFlow hands out copies of the variable:
+    writing into one would lose the value. Seen, and left to Keras' assign."""
+    import tensorflow as tf
+
+    saved = trained_model(8)
+    saved.save_weights(str(tmp_path / "model.weights.h5"))
+    loaded = trained_model(9)
+    kernel = loaded.layers[0].kernel
+    tf.gather(kernel.value, [0])  # ResourceGather: the variable copies on every read from now on
+    called = keras_assigns(loaded, monkeypatch)
+    load(loaded, tmp_path / "model.weights.h5")
+    assert kernel.path in called
+    assert np.array_equal(numpy(kernel), numpy(saved.layers[0].kernel))
+
+
+@pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="TensorFlow's variables")
+def test_a_load_while_a_snapshot_is_unwritten_leaves_the_snapshot_its_values(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A snapshot holds views of the variables' buffers and counts on copy on write (a
+    notebook that loads into the model right after an interrupted fit): writing into the
+    buffers would change the checkpoint it writes. Keras' assign is taken meanwhile."""
+    from resumable.keras import saving
+
+    other = trained_model(10)
+    other.save_weights(str(tmp_path / "other.weights.h5"))
+    model = trained_model(11)
+    before = [keras.ops.convert_to_numpy(v).copy() for v in model.variables]
+    pending = saving.snapshot(model, weights_only=True, state={"epoch": 1}, arrays={})
+    assert pending is not None
+    called = keras_assigns(model, monkeypatch)
+    load(model, tmp_path / "other.weights.h5")
+    assert len(called) == len(model.variables) + len(model.optimizer.variables)
+    pending.write(tmp_path / "ckpt")
+    written = trained_model(12)
+    written.load_weights(str(tmp_path / "ckpt" / "model.weights.h5"))
+    for value, variable in zip(before, written.variables, strict=True):
+        assert np.array_equal(value, keras.ops.convert_to_numpy(variable)), variable.path
+    del pending  # once written and dropped, loads write into the buffers again
+    called.clear()
+    load(model, tmp_path / "other.weights.h5")
+    assert len(called) == 2  # the optimizer's two scalars

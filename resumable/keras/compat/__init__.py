@@ -29,7 +29,8 @@ unknown Keras costs exactness or speed, never a save or a resume. Callers write
   saveable (`snapshots_work`, `sharding_works`, `loading._loading_works`), not by names alone.
 - `in_place` (a load a variable at a time): each variable's ``assign``, overridden on the
   variable itself for one load, its ``_value``, ``_dtype`` and ``_layout``;
-  ``keras.src.backend.common.stateless_scope.in_stateless_scope``.
+  ``keras.src.backend.common.stateless_scope.in_stateless_scope``; on TensorFlow, an eager
+  tensor's ``_numpy`` (its CPU buffer, written into).
 - `legacy_h5` (Keras 2's HDF5 files): ``keras.src.legacy.saving.legacy_h5_format``'s
   ``save_weights_to_hdf5_group`` and ``save_optimizer_weights_to_hdf5_group``;
   ``Model._compile_config``.
@@ -50,7 +51,7 @@ from resumable.keras.compat.fit import (
     set_fit_initial_epoch,
 )
 from resumable.keras.compat.global_state import global_seed_generator, tensorflow_unavailable
-from resumable.keras.compat.in_place import assigned_in_place
+from resumable.keras.compat.in_place import assigned_in_place, shared_buffer
 from resumable.keras.compat.legacy_h5 import (
     can_write_legacy_weights,
     compile_config_kept,
@@ -72,7 +73,7 @@ __all__ = ["array_adapters", "ArrayAdapters", "assigned_in_place", "build_for_fi
            "can_write_legacy_weights", "compile_config_kept", "flush_tensorboard", "global_seed_generator",
            "load_keras_archive", "load_sharded_weights", "load_unzipped_model", "load_weights_from",
            "lora_layer_variables", "model_checkpoint_internals", "model_json", "running_fit_callbacks",
-           "running_fit_input", "saved_values", "SavedValue", "set_fit_initial_epoch", "sharding_works",
-           "should_save_model", "snapshots_work", "TENSORBOARD_COUNTERS", "tensorflow_unavailable",
-           "trained_non_trainable_variables", "unsupported", "write_legacy_weights",
+           "running_fit_input", "saved_values", "SavedValue", "set_fit_initial_epoch", "shared_buffer",
+           "sharding_works", "should_save_model", "snapshots_work", "TENSORBOARD_COUNTERS",
+           "tensorflow_unavailable", "trained_non_trainable_variables", "unsupported", "write_legacy_weights",
            "write_sharded_weights", "write_weights"]
