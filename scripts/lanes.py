@@ -225,7 +225,8 @@ def run_tests(lane: Lane, pytest_args: list[str]) -> int:
 def run_readme(pytest_args: list[str]) -> int:
     """The README's test command, as .ci/run runs it (the `newest` lane)."""
     command = ('python3 -m venv .venv && .venv/bin/pip install -q -e ".[test]" && .venv/bin/pip install -q '
-               '--no-deps -r requirements/keras-hub.txt && .venv/bin/python -m pytest')
+               '--no-deps -r requirements/keras-hub.txt && .venv/bin/python -m pytest -n auto '
+               '--dist loadscope')
     return subprocess.run(f"{command} {' '.join(pytest_args)}", shell=True, cwd=ROOT).returncode
 
 

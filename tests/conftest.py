@@ -17,6 +17,15 @@ import pytest
 from fake_gcs import fake_gcs_server, point_gcs_clients_at
 
 BACKENDS = ["local", "memory", "gcs"]
+GIB_PER_WORKER = 3  # a worker's own TensorFlow and JAX, a training job it forks, a 0.6 GB resume
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto`` (the README's command): a worker per usable CPU, as memory allows."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else 0
+    fits = memory // (GIB_PER_WORKER * 2**30) if memory else cpus
+    return max(1, min(cpus, fits))
 
 
 @pytest.fixture(scope="session", autouse=True)
