@@ -120,9 +120,14 @@ class RunFolder:
             raise
         except Exception as e:
             error = translate(e, where, self.url, self.root, is_gcs=self.is_gcs, is_local=self.is_local)
-            if isinstance(error, StorageError) and type(error) is not StorageError:
-                raise error from None  # its line says it all (not found, no space...): no library chain
-            raise error from e
+            try:
+                if isinstance(error, StorageError) and type(error) is not StorageError:
+                    raise error from None  # its line says it all (not found, no space...): no library chain
+                raise error from e
+            finally:
+                # Its traceback holds this frame: kept here, the error would hold every caller's
+                # frame (a checkpoint's values among their locals) until Python's cycle collector ran.
+                del error
 
     def check_credentials(self, *, refresh: bool = False) -> None:
         """Refresh Google credentials once, before the first request, and fail fast.
@@ -161,7 +166,7 @@ class RunFolder:
             with self.errors(path):
                 return self.call(lambda: self._cat(path, limit), "read manifest")
         except (FileNotFoundError, LinkInRunError) as e:  # deleted between listing and reading; a link
-            return e
+            return _as_value(e)
 
     def read_many(self, paths: list[str]) -> dict[str, bytes | Exception]:
         """Each path's bytes, or the error that reading it met, read at once; keyed by `strip`ped path."""
@@ -186,7 +191,7 @@ class RunFolder:
         try:
             return self._cat(path)
         except Exception as e:  # reported per path, like fs.cat(on_error="return")
-            return e
+            return _as_value(e)
 
     def has_link(self, path: str) -> bool:
         """Locally: True when ``path``, or a folder between the run folder and it, is a symbolic link."""
@@ -310,3 +315,12 @@ def listed_file(detail: dict[str, Any]) -> ListedFile:
         modified=modified if isinstance(modified, datetime) else None,
         link=bool(detail.get("islink")),  # local listings never descend into a link
     )
+
+
+def _as_value(error: Exception) -> Exception:
+    """``error``, to be returned rather than raised: without its traceback and the error it
+    replaced, whose frames lead (through their callers) back to the caller holding it, a cycle
+    that would keep every caller's locals (a checkpoint's values among them) until Python's cycle
+    collector ran."""
+    error.__context__ = error.__cause__ = None
+    return error.with_traceback(None)

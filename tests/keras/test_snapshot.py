@@ -189,3 +189,37 @@ def test_a_damaged_file_written_in_place_is_found_on_resume(tmp_path: Path) -> N
     with pytest.warns(UserWarning, match="ckpt-000002"):
         run = resumable.resume(url, build_model=make_model, staging_dir=tmp_path / "staging")
     assert run.callback.epochs_done == 1
+
+
+@pytest.mark.parametrize("where", ["local", "gcs"])
+def test_no_snapshot_outlives_its_fit_waiting_for_the_cycle_collector(
+        tmp_path: Path, where: str, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> None:
+    """A snapshot holds a checkpoint's values (on TensorFlow, the variables' old buffers): once its
+    files are committed nothing may keep it, not even a reference cycle through a caught error's
+    traceback (a missing run index, a leftover folder that is not there) that only Python's cycle
+    collector would free, whenever it next ran."""
+    import gc
+    import weakref
+
+    taken: list[weakref.ref[snapshot.ModelSnapshot]] = []
+    take = saving.snapshot
+
+    def recorded(*args: Any, **kwargs: Any) -> snapshot.ModelSnapshot | None:
+        result = take(*args, **kwargs)
+        if result is not None:
+            taken.append(weakref.ref(result))
+        return result
+
+    monkeypatch.setattr(saving, "snapshot", recorded)
+    url = str(tmp_path / "run") if where == "local" else f"{request.getfixturevalue('gcs_bucket')}/run"
+    model = make_model()
+    x = np.random.default_rng(0).random((32, 4), dtype=np.float32)
+    gc.collect()
+    gc.disable()
+    try:
+        checkpoints = resumable.CheckpointCallback(url, monitor="loss")
+        model.fit(x, x[:, :1], epochs=3, verbose=0, callbacks=[checkpoints])
+        assert len(taken) == 3
+        assert [ref() for ref in taken] == [None, None, None]
+    finally:
+        gc.enable()
