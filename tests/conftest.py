@@ -20,6 +20,7 @@ BACKENDS = ["local", "memory", "gcs"]
 GIB_PER_WORKER = 3  # a worker's own TensorFlow and JAX, a training job it forks, a 0.6 GB resume
 
 
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: the lanes run without xdist
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """``-n auto`` (the README's command): a worker per usable CPU, as memory allows."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
