@@ -310,7 +310,8 @@ def _load_keras_weights(model: keras.Model, weights_file: Path, landed: Landed, 
                     model.load_weights(str(merged))
         return
     if weights_file.name != MODEL_FILE:
-        model.load_weights(str(weights_file))
+        if weights_file.name != WEIGHTS_FILE or not compat.load_weights_from(model, str(weights_file)):
+            model.load_weights(str(weights_file))
         return
     with open(weights_file, "rb") as file, zipfile.ZipFile(file) as archive:
         if WEIGHTS_FILE not in archive.namelist():  # another weights format: Keras reads it itself

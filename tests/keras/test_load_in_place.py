@@ -161,3 +161,106 @@ def test_a_load_while_a_snapshot_is_unwritten_leaves_the_snapshot_its_values(
     called.clear()
     load(model, tmp_path / "other.weights.h5")
     assert len(called) == 2  # the optimizer's two scalars
+
+
+@pytest.mark.skipif(keras.backend.backend() != "jax", reason="JAX's arrays")
+def test_on_jax_each_array_read_becomes_its_variables_buffer(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No copy of a big value (here every value counts as big): the array the store read
+    (aligned, `stores.aligned_read`) is the buffer the variable ends with, bit for bit; only
+    the optimizer's two scalars are copies."""
+    from resumable.keras.compat import stores
+
+    monkeypatch.setattr(stores, "ALIGNED_FROM_BYTES", 1)
+    saved = trained_model(13)
+    saved.save_weights(str(tmp_path / "model.weights.h5"))
+    loaded = trained_model(14)
+    read: list[np.ndarray] = []
+
+    def recorded(dataset: object) -> np.ndarray:
+        read.append(aligned_read(dataset))
+        return read[-1]
+
+    aligned_read = stores.aligned_read
+    monkeypatch.setattr(stores, "aligned_read", recorded)
+    load(loaded, tmp_path / "model.weights.h5")
+    buffers = {array.ctypes.data for array in read}
+    everything = list(zip(saved.variables + saved.optimizer.variables,
+                          loaded.variables + loaded.optimizer.variables, strict=True))
+    taken = [after.path for _, after in everything if after.value.unsafe_buffer_pointer() in buffers]
+    assert sorted(taken) == sorted(after.path for _, after in everything if len(after.shape))
+    for before, after in everything:
+        assert np.array_equal(numpy(before), numpy(after)), after.path
+
+
+@pytest.mark.skipif(keras.backend.backend() != "jax", reason="JAX's arrays")
+def test_on_jax_a_loaded_model_trains_as_one_loaded_by_keras(tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Variables whose buffers are the arrays read train on bit for bit as Keras' copies do
+    (the step's donated buffers never write into them)."""
+    from resumable.keras.compat import stores
+
+    monkeypatch.setattr(stores, "ALIGNED_FROM_BYTES", 1)
+    saved = trained_model(15)
+    saved.save_weights(str(tmp_path / "model.weights.h5"))
+    ours, keras_own = trained_model(16), trained_model(16)
+    load(ours, tmp_path / "model.weights.h5")
+    keras_own.load_weights(str(tmp_path / "model.weights.h5"))
+    first = [numpy(v).copy() for v in ours.variables]
+    x = np.random.default_rng(17).normal(size=(32, 6)).astype("float32")
+    for model in (ours, keras_own):
+        model.fit(x, x[:, :3], epochs=3, shuffle=False, verbose=0)
+    for mine, theirs in zip(ours.variables + ours.optimizer.variables,
+                            keras_own.variables + keras_own.optimizer.variables, strict=True):
+        assert np.array_equal(numpy(mine), numpy(theirs)), mine.path
+    assert not all(np.array_equal(a, numpy(v)) for a, v in zip(first, ours.variables, strict=True))
+
+
+@pytest.mark.skipif(keras.backend.backend() != "jax", reason="JAX's arrays")
+@pytest.mark.parametrize("aligned_from", [1, 2**62], ids=["read-aligned", "keras-assign"])
+def test_on_jax_a_dataset_handed_to_assign_is_read_in_full(aligned_from: int, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Keras 3.8 and 3.9 hand each variable the h5py dataset itself: a big one read aligned, a
+    smaller one left to Keras' assign, each as stored."""
+    import h5py
+
+    from resumable.keras.compat import stores
+
+    monkeypatch.setattr(stores, "ALIGNED_FROM_BYTES", aligned_from)
+
+    model = trained_model(18)
+    kernel = model.layers[0].kernel
+    stored = np.random.default_rng(19).normal(size=tuple(kernel.shape)).astype("float32")
+    with h5py.File(tmp_path / "values.h5", "w") as file:
+        file["kernel"] = stored
+    with h5py.File(tmp_path / "values.h5", "r") as file, compat.assigned_in_place(model):
+        kernel.assign(file["kernel"])
+    assert np.array_equal(numpy(kernel), stored)
+
+
+def test_big_values_are_read_aligned_and_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On every backend, values of ``ALIGNED_FROM_BYTES`` or more (here all) come from the store
+    in 64-byte aligned buffers, bit for bit (Keras 3.8 and 3.9 hand out the datasets instead)."""
+    from resumable.keras.compat import stores
+
+    monkeypatch.setattr(stores, "ALIGNED_FROM_BYTES", 1)
+    read: list[np.ndarray] = []
+
+    def recorded(dataset: object) -> np.ndarray:
+        read.append(aligned_read(dataset))
+        return read[-1]
+
+    aligned_read = stores.aligned_read
+    monkeypatch.setattr(stores, "aligned_read", recorded)
+    saved = trained_model(20)
+    saved.save_weights(str(tmp_path / "model.weights.h5"))
+    loaded = trained_model(21)
+    load(loaded, tmp_path / "model.weights.h5")
+    everything = list(zip(saved.variables + saved.optimizer.variables,
+                          loaded.variables + loaded.optimizer.variables, strict=True))
+    for before, after in everything:
+        assert np.array_equal(numpy(before), numpy(after)), after.path
+    assert all(array.ctypes.data % stores.ALIGNMENT == 0 for array in read)
+    if tuple(int(part) for part in keras.version().split(".")[:2]) >= (3, 10):
+        # every array of the model (the first load in a process also reads compat's probe)
+        assert len(read) >= sum(1 for _, after in everything if len(after.shape))

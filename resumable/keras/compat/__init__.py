@@ -23,7 +23,8 @@ unknown Keras costs exactness or speed, never a save or a resume. Callers write
   loads) and `probing`: ``keras.src.saving.saving_lib``'s ``_save_state``, ``_load_state``,
   ``_raise_loading_failure``, ``_serialize_model_as_json``, ``_model_from_config``,
   ``H5IOStore`` (``make``, ``__setitem__``, ``_get_h5_file``; an entry object from ``make`` in
-  Keras 3.8 and 3.9), ``ShardedH5IOStore`` (``_get_h5_file``), ``DiskIOStore``;
+  Keras 3.8 and 3.9; for reads, ``__getitem__`` and its ``_h5_entry_group``),
+  ``ShardedH5IOStore`` (``_get_h5_file``), ``DiskIOStore``;
   ``keras.src.saving.keras_saveable.KerasSaveable`` (the probes' saveable); an optimizer's
   ``save_own_variables`` stood in for during a snapshot. Probed by round trips of a tiny
   saveable (`snapshots_work`, `sharding_works`, `loading._loading_works`), not by names alone.

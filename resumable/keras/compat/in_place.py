@@ -18,6 +18,7 @@ from typing import Any
 import keras
 import numpy as np
 
+from resumable.keras.compat import stores
 from resumable.manager.storage_names import give_heap_back
 
 GIVE_BACK_BYTES = 16 * 2**20  # read between two gives of the heap's freed memory back to the system
@@ -30,7 +31,10 @@ def assigned_in_place(model: Any) -> Iterator[None]:
     Keras 3.8 and 3.9) costs that value beside the model, not also a second copy.
 
     - JAX arrays cannot be written in place: the variable's old array is let go before Keras'
-      assign makes the new one, and the copy is waited for before the next value is read.
+      assign makes the new one. On the CPU a big value's new array is the array read, not a
+      copy: the loads read those into aligned buffers (`stores.aligned_read`), which JAX takes
+      as they are. Where Keras' assign copies (a smaller value, another device), the copy is
+      waited for before the next value is read.
     - TensorFlow: the value is copied straight into the buffer the variable already has on the
       CPU, where Keras' assign would first make a tensor of it (a second copy), then copy that
       in. Only where two reads of the variable show the same buffer (so it is the variable's
@@ -82,6 +86,8 @@ def _assign_in_place(variable: Any, value: Any) -> Any:
     if not _plain_value(variable, value) or not isinstance(getattr(variable, "_value", None), _jax_array()):
         return type(variable).assign(variable, value)
     _count_read(value.nbytes)
+    if not isinstance(value, np.ndarray) and value.nbytes >= stores.ALIGNED_FROM_BYTES:
+        value = stores.aligned_read(value)  # an h5py dataset (Keras 3.8 and 3.9), read as the loads read
     # Its array is replaced whole: freed now (unless held elsewhere), before the new one
     # exists, not after. Meanwhile it reads as not yet initialized, as Keras' own do.
     variable._value = None

@@ -4,7 +4,8 @@ unzipped one's model. Each falls back (returns False or None, having loaded noth
 Keras lacks the internals or they misbehave (`sharding_works`, `_loading_works`).
 
 Reaches ``saving_lib._load_state``, ``_raise_loading_failure``, ``_model_from_config``,
-``H5IOStore``, ``ShardedH5IOStore._get_h5_file`` and ``DiskIOStore``.
+``H5IOStore``, ``ShardedH5IOStore._get_h5_file`` and ``DiskIOStore``. Weights are read
+through `stores.aligned_store`: a JAX variable on the CPU takes each big array as it was read.
 """
 
 from __future__ import annotations
@@ -21,18 +22,18 @@ import keras
 from resumable.keras.compat.in_place import assigned_in_place
 from resumable.keras.compat.probing import probe, probe_class
 from resumable.keras.compat.saving_lib import keras_saving_lib, sharded_store
-from resumable.keras.compat.stores import new_recorder, write_sharded_weights
+from resumable.keras.compat.stores import aligned_store, new_recorder, write_sharded_weights
 
 
 def load_weights_from(model: keras.Model, file: Any) -> bool:
-    """``model.load_weights`` of a ``.weights.h5`` given as a file object (a BytesIO, as Keras'
-    store requires: `zip_member.MemberWindow`), as ``load_weights`` reads a path: Keras'
+    """``model.load_weights`` of a ``.weights.h5`` given as a path or a file object (a BytesIO,
+    as Keras' store requires: `zip_member.MemberWindow`), as ``load_weights`` reads it: Keras'
     ``H5IOStore`` and ``_load_state``. False, having loaded nothing, when this Keras lacks
-    them or they misbehave: the caller reads a path instead. Raises ValueError as ``load_weights`` does."""
+    them or they misbehave: the caller uses ``load_weights``. Raises ValueError as ``load_weights`` does."""
     saving_lib = keras_saving_lib()
     if saving_lib is None or not _loading_works():
         return False
-    _load_into(saving_lib, model, saving_lib.H5IOStore(file, mode="r"), None)
+    _load_into(saving_lib, model, aligned_store(saving_lib)(file, mode="r"), None)
     return True
 
 
@@ -77,7 +78,7 @@ def load_keras_archive(archive: Any, weights: Any) -> keras.Model | None:
     model = saving_lib._model_from_config(archive.read("config.json").decode(), None, True, True)
     has_assets = len(archive.namelist()) > 3  # as Keras: anything beyond metadata, config and weights
     assets = saving_lib.DiskIOStore("assets", archive=archive, mode="r") if has_assets else None
-    _load_into(saving_lib, model, saving_lib.H5IOStore(weights, mode="r"), assets)
+    _load_into(saving_lib, model, aligned_store(saving_lib)(weights, mode="r"), assets)
     return model
 
 
@@ -87,8 +88,9 @@ def _waiting_store(landed: Callable[[str], object]) -> type:
     may fold it into "could not be loaded" (3.13) or let it through (3.15); `_load_into`
     raises it either way."""
     sharded = sharded_store()
+    saving_lib = keras_saving_lib()
 
-    class Waiting(sharded):  # type: ignore[misc, valid-type]
+    class Waiting(sharded, aligned_store(saving_lib)):  # type: ignore[misc, valid-type]
         arrival_error: BaseException | None = None
 
         def _get_h5_file(self, path_or_io: Any, *args: Any, **kwargs: Any) -> Any:
@@ -175,7 +177,7 @@ def _loading_works() -> bool:
         finally:
             store.close()
         data = io.BytesIO(Path(path).read_bytes())
-        if not written.same(read_back(saving_lib, saving_lib.H5IOStore(data, mode="r"))):
+        if not written.same(read_back(saving_lib, aligned_store(saving_lib)(data, mode="r"))):
             return "weights read from a file object come back different"
         parameters = tuple(inspect.signature(saving_lib._model_from_config).parameters)
         if parameters[:4] != ("config_json", "custom_objects", "compile", "safe_mode"):

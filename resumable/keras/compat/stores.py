@@ -1,7 +1,8 @@
 """Keras' weights-file stores, writing what a snapshot recorded: ``H5IOStore`` (into a path or
 a file object of ours, through ``_get_h5_file``) and ``ShardedH5IOStore``, fed host arrays
-without the copies their ``convert_to_numpy`` would make; and the recorder that stands in for
-a store while Keras' ``_save_state`` walks the model."""
+without the copies their ``convert_to_numpy`` would make; the recorder that stands in for a
+store while Keras' ``_save_state`` walks the model; and ``H5IOStore`` reading its arrays into
+buffers JAX takes without a copy (`aligned_store`, its ``_h5_entry_group``)."""
 
 from __future__ import annotations
 
@@ -48,6 +49,62 @@ def new_recorder(saving_lib: ModuleType) -> Any:
             self.values.append(SavedValue(*self._entry, key, self.copy(value)))
 
     return Recorder()
+
+
+ALIGNMENT = 64  # bytes: JAX's CPU client takes a NumPy array this aligned as its own buffer
+# Values this big are read aligned, so that JAX keeps the array read as the variable: a copy of
+# one beside the model costs more memory than the fresh pages of the read cost time. Smaller
+# ones are read as Keras reads them and copied (a 25M-parameter model's 82 MB values read
+# aligned made its resume about 10% slower: docs/benchmarks.md).
+ALIGNED_FROM_BYTES = 256 * 2**20
+
+
+def aligned_read(dataset: Any) -> np.ndarray:
+    """The h5py ``dataset`` read into a new array whose buffer is aligned to `ALIGNMENT` bytes.
+
+    NumPy's big arrays start 16 bytes into a page: JAX (Keras' assign) copies one, and takes an
+    aligned one's buffer as it is (on the CPU). The read is the same either way."""
+    if not dataset.size:
+        return np.empty(dataset.shape, dataset.dtype)
+    raw = np.empty(dataset.nbytes + ALIGNMENT, np.uint8)
+    start = -raw.ctypes.data % ALIGNMENT
+    array = raw[start:start + dataset.nbytes].view(dataset.dtype).reshape(dataset.shape)
+    dataset.read_direct(array)
+    return array
+
+
+@functools.cache
+def aligned_store(saving_lib: ModuleType) -> type:
+    """Keras' ``H5IOStore`` handing out its plain arrays of `ALIGNED_FROM_BYTES` or more as
+    `aligned_read` reads them (Keras 3.10+; Keras 3.8 and 3.9 hand out the datasets themselves,
+    read by `in_place`). Any other value (smaller, a tagged dtype such as bfloat16, a link, a
+    scalar) is Keras' own read, checks included."""
+
+    class AlignedReads(saving_lib.H5IOStore):  # type: ignore[name-defined]
+        def __getitem__(self, key: str) -> Any:
+            dataset = _plain_dataset(getattr(self, "_h5_entry_group", None), key)
+            if dataset is None or dataset.nbytes < ALIGNED_FROM_BYTES:
+                return super().__getitem__(key)
+            return aligned_read(dataset)
+
+    return AlignedReads
+
+
+def _plain_dataset(group: Any, key: str) -> Any:
+    """``group[key]`` when it is an array as Keras writes one: a hard link to a numeric dataset
+    with at least one dimension, stored inside the file, with no dtype tag; None otherwise."""
+    import h5py
+
+    if not isinstance(group, h5py.Group) or "/" in key or key not in group:
+        return None
+    if not isinstance(group.get(key, getlink=True), h5py.HardLink):
+        return None  # a soft or external link: Keras' read refuses or follows it as it does
+    dataset = group[key]
+    if not isinstance(dataset, h5py.Dataset) or dataset.external or dataset.is_virtual:
+        return None
+    if "dtype" in dataset.attrs or dataset.dtype.kind not in "fiub" or not dataset.shape:
+        return None
+    return dataset
 
 
 class _HostView:
