@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import datetime
 import logging
-import signal
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -21,9 +19,7 @@ from resumable.keras.fit_position import FitPosition
 from resumable.keras.inputs import Feed
 from resumable.keras.restored_state import RestoredState
 from resumable.keras.save_options import DEFAULT_SHARD_GIB, OptionAttributes, check_options
-from resumable.keras.save_schedule import SaveSchedule
 from resumable.manager.job_commit import DEFAULT_BARRIER_TIMEOUT
-from resumable.manager.run_manager import RunManager
 from resumable.manager.storage_names import DEFAULT_TIMEOUT, CheckpointInfo, RunStorage
 
 logger = logging.getLogger("resumable")
@@ -32,9 +28,10 @@ logger = logging.getLogger("resumable")
 class CheckpointCallback(OptionAttributes, keras.callbacks.Callback):
     """Save resumable checkpoints of a Keras model to a run folder, keeping the last and the best.
 
-    Each checkpoint is serialized to a local staging folder, copied to the run folder (a local
-    path, a Google Drive mount, ``gs://bucket/prefix``, any fsspec URL) and committed by writing
-    its manifest last, so a run killed at any moment leaves every committed checkpoint intact.
+    Each checkpoint's files are written into the run folder (a local path, a Google Drive mount;
+    for ``gs://bucket/prefix`` or another fsspec URL, into a local staging folder, then uploaded)
+    and committed by writing its manifest last, so a run killed at any moment leaves every
+    committed checkpoint intact.
     A checkpoint holds the model and its optimizer state, the epoch and step, the history,
     this callback's best value and the state of EarlyStopping and ReduceLROnPlateau in the same
     fit. Continue a run with `resumable.resume`, which returns a callback carrying that state.
@@ -62,18 +59,13 @@ class CheckpointCallback(OptionAttributes, keras.callbacks.Callback):
         save_weights_only: Save ``model.weights.h5`` (weights and optimizer state) instead of
             the whole ``.keras`` model; `resumable.resume` then needs ``build_model``.
             Defaults to False.
-        save_trainable_only: Save only what trains: the trainable variables (a LoRA
-            adapter's), the non-trainable ones that trained layers update (BatchNormalization's
-            statistics), the optimizer state and the training state, in ``trainable.npz``. The
-            frozen weights are left to ``build_model`` (``from_preset`` and ``enable_lora``), and
-            a fingerprint of them is recorded: `resumable.resume` needs ``build_model`` and
-            refuses a model whose frozen weights differ. For fine-tuning large models, where the
-            frozen part is gigabytes. Defaults to False.
-        max_shard_size: Weights bigger than this many GiB are written as Keras' sharded
-            weights (``model.weights.json`` and shards of at most this size, as
-            ``model.save_weights(..., max_shard_size=)`` writes them): each shard has its own
-            checksum, the shards are uploaded and downloaded several at a time and loaded one
-            at a time. None writes one file whatever the size. Defaults to 1.0.
+        save_trainable_only: Save only what trains (a LoRA adapter, an unfrozen head, the
+            statistics trained layers update), the optimizer state and the training state, in
+            ``trainable.npz``: `resumable.resume` then needs ``build_model`` for the frozen
+            weights, and refuses one whose frozen weights differ (fingerprinted). Defaults to False.
+        max_shard_size: Weights over this many GiB are written as Keras' sharded weights
+            (``model.weights.json`` and shards of at most this size), each checksummed, moved
+            several at a time and loaded one at a time; None: one file. Defaults to 1.0.
         save_freq: ``"epoch"`` to save at the end of every epoch, or an int N to also save
             every N batches (mid-epoch checkpoints, at optimizer steps that are multiples of N).
             Defaults to ``"epoch"``.
@@ -108,13 +100,11 @@ class CheckpointCallback(OptionAttributes, keras.callbacks.Callback):
             into a folder another live process writes fails with `LeaseHeldError` naming
             that process. Defaults to False.
         lease_timeout: Seconds (or a ``datetime.timedelta``) after which this process's lease,
-            if no longer renewed (renewal runs every ``min(60, lease_timeout / 4)`` seconds
-            from a background thread), counts as stale and is taken over: what a writer that
-            died on another machine costs the next session. Defaults to 40.
-        barrier_timeout: Seconds (or a ``datetime.timedelta``) one process of a multi-host job
-            whose model is split across processes (``ModelParallel`` over several hosts) waits
-            for the others at a save or a resume before giving up with `BarrierTimeoutError`,
-            which names the processes it waited for. Unused otherwise. Defaults to 600.
+            no longer renewed (a background thread renews it), counts as stale and is taken
+            over: what a writer that died on another machine costs the next session. Defaults to 40.
+        barrier_timeout: Seconds (or a ``datetime.timedelta``) a process of a job whose model is
+            split across hosts (``ModelParallel``) waits for the others at a save or a resume,
+            before `BarrierTimeoutError` names those it waited for. Unused otherwise. Defaults to 600.
     """
 
     # BackupAndRestore's semantics, as Keras': a fit with nothing restored starts at fit's own
@@ -160,19 +150,11 @@ class CheckpointCallback(OptionAttributes, keras.callbacks.Callback):
         )
         options = self.options
         # Lease, staging, uploads, commits and retention: this callback only decides when to save.
-        self.manager = RunManager(
-            options.filepath, filename=options.filename, storage_options=options.storage_options,
-            staging_dir=options.staging_dir, retention=options.retention, lease_timeout=options.lease_timeout,
-            takeover=options.takeover, async_upload=options.async_upload, verbose=bool(options.verbose),
-            process_index=topology.process_index(), when_behind=options.when_behind,
-        )
+        self.manager = options.run_manager(topology.process_index())
         self.lines = CommitLines(bool(options.verbose))
         self.manager.on_commit = self.lines.committed
         self.manager.on_skipped = self.lines.say
-        self.schedule = SaveSchedule(options.save_freq, options.save_interval, options.monitor, options.mode,
-                                     save_best_only=options.save_best_only,
-                                     keep_best=options.retention.keep_best,
-                                     initial_best=options.initial_value_threshold)
+        self.schedule = options.save_schedule()
         self.builder = CheckpointBuilder(options, self.manager, self.lines)
         self.fit_lease = FitLease(options, self.manager, self.lines)
         self.history: list[dict[str, float]] = []  # per-epoch logs of every epoch of the run
@@ -266,13 +248,8 @@ class CheckpointCallback(OptionAttributes, keras.callbacks.Callback):
         self.manager.resumed_from(checkpoint, set(damaged or ()))
         self.epochs_done = manifest.epoch
         self.history = [{k: float(v) for k, v in logs.items()} for logs in state.get("history", [])]
-        saved = (state.get("monitor"), state.get("mode"))
-        if self.schedule.restore_best(state.get("best"), self.history, *saved):
-            warnings.warn(
-                f"resumable: {checkpoint.url} tracked the best {saved[0]!r} (mode {saved[1]!r}); this "
-                f"run monitors {self.monitor!r} (mode {self.mode!r}), so its best is taken from the "
-                f"run's history: {self.best}", stacklevel=4,  # resume()'s caller (via restore_checkpoint)
-            )
+        self.schedule.restore_best(state.get("best"), self.history, state.get("monitor"), state.get("mode"),
+                                   source=checkpoint.url)
         self.stopped_early = bool(state.get("stopped_early", False))
         self.builder.last_saved_step = manifest.step
 
@@ -299,7 +276,7 @@ class CheckpointCallback(OptionAttributes, keras.callbacks.Callback):
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self.print_lines()  # before Keras' "Epoch N/M" header (its progress bar runs after this callback)
         self.save_owed()
-        self._stop_if_asked()
+        self.position.stop_if_asked()
         if self.position.first_epoch:
             self.position.first_epoch = False
             self._start(epoch)
@@ -309,7 +286,7 @@ class CheckpointCallback(OptionAttributes, keras.callbacks.Callback):
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         step = self.position.batch_ends(batch, self.restored_state.batch_offset)
         self.add_resumed_metrics()
-        self._stop_if_asked()
+        self.position.stop_if_asked()
         self.manager.check_lease()  # taken over by another process (found by a renewal): stop training
         if (self.params or {}).get("verbose") not in (1, "auto"):
             self.print_lines()  # no progress bar to break
@@ -338,7 +315,7 @@ class CheckpointCallback(OptionAttributes, keras.callbacks.Callback):
             # one have updated their counters, the learning rate and the logs (ReduceLROnPlateau
             # adds `learning_rate` to them).
             self.position.pending_logs = logs if logs is not None else {}
-        self._stop_if_asked()
+        self.position.stop_if_asked()
 
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
         if self.position.pending_logs is not None and self.model.stop_training:
@@ -369,20 +346,9 @@ class CheckpointCallback(OptionAttributes, keras.callbacks.Callback):
         return self.manager.wait(timeout)
 
     def add_resumed_metrics(self, logs: dict[str, Any] | None = None) -> None:
-        """Once the first batch of a resumed epoch has built the metrics, add the saved totals; and
-        correct that batch's ``logs`` (the dict every callback after this call is given), which
-        Keras computed from the one batch."""
-        if self.restored_state.add_metrics(self.model) and logs is not None:
-            floats = training_state.logs_to_floats(training_state.metrics_so_far(self.model))
-            logs.update({k: v for k, v in floats.items() if k in logs})
-
-    def _stop_if_asked(self) -> None:
-        signum = self.position.take_stop_request()
-        if signum is None:
-            return
-        if signum == signal.SIGTERM:
-            raise SystemExit(128 + signal.SIGTERM)
-        raise KeyboardInterrupt
+        """Add a resumed epoch's saved metric totals, and correct ``logs``, once its first batch
+        built the metrics (`RestoredState.add_metrics`)."""
+        self.restored_state.add_metrics(self.model, logs)
 
     # ------------------------------------------------------------------ saving
 

@@ -9,6 +9,7 @@ a signal that asked to save and stop at the next batch end (`interrupts.StopSign
 
 from __future__ import annotations
 
+import signal
 from typing import Any
 
 import keras
@@ -79,6 +80,15 @@ class FitPosition:
         """The signal that asked to stop and was not acted on yet; clears it."""
         signum, self.stop_signal = self.stop_signal, None
         return signum
+
+    def stop_if_asked(self) -> None:
+        """Stop as the signal that asked would have: SIGTERM exits with 128 + its number, SIGINT
+        interrupts (`Run.fit` saves on the way out)."""
+        signum = self.take_stop_request()
+        if signum == signal.SIGTERM:
+            raise SystemExit(128 + signal.SIGTERM)
+        if signum is not None:
+            raise KeyboardInterrupt
 
     def take_witnessed(self) -> tuple[str, int, Any] | None:
         """The hook end the witness saw that this callback had not reached, if any."""

@@ -125,11 +125,12 @@ class RestoredState:
             warnings.warn(f"resumable: the training input ({describe(x)}) cannot be replayed exactly: "
                           f"{problem}", stacklevel=3)
 
-    def add_metrics(self, model: keras.Model) -> bool:
+    def add_metrics(self, model: keras.Model, logs: dict[str, Any] | None = None) -> None:
         """Once the first batch of a resumed epoch has built ``model``'s metrics, add the saved
-        totals (once); whether it did."""
+        totals (once); and correct that batch's ``logs`` (the dict every callback after this
+        call is given), which Keras computed from the one batch."""
         if not self._metrics:
-            return False
+            return
         saved, self._metrics = self._metrics, {}
         try:
             added = training_state.add_metrics(model, saved)
@@ -139,7 +140,9 @@ class RestoredState:
         if not added:
             logger.warning("resumable: this epoch's metrics count from the resumed batch only "
                            "(the saved metric states do not fit)")
-        return True
+        if logs is not None:
+            floats = training_state.logs_to_floats(training_state.metrics_so_far(model))
+            logs.update({k: v for k, v in floats.items() if k in logs})
 
 
 __all__ = ["RestoredState"]

@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar, overload
 
 from resumable.core.policy import Retention, resolve_mode
+from resumable.keras.save_schedule import SaveSchedule
+from resumable.manager.run_manager import RunManager
 from resumable.manager.storage_names import check_timeout
 from resumable.manager.uploader import check_when_behind
 
@@ -49,6 +51,21 @@ class SaveOptions:
     def file_format(self) -> str:
         """The payload a single process saves: ``"trainable"``, ``"weights"`` or ``"keras"``."""
         return "trainable" if self.save_trainable_only else "weights" if self.save_weights_only else "keras"
+
+    def run_manager(self, process_index: int) -> RunManager:
+        """The manager of the run folder these options name, for process ``process_index``."""
+        return RunManager(
+            self.filepath, filename=self.filename, storage_options=self.storage_options,
+            staging_dir=self.staging_dir, retention=self.retention, lease_timeout=self.lease_timeout,
+            takeover=self.takeover, async_upload=self.async_upload, verbose=bool(self.verbose),
+            process_index=process_index, when_behind=self.when_behind,
+        )
+
+    def save_schedule(self) -> SaveSchedule:
+        """A schedule of the saves these options ask for, with no best value yet beyond the threshold."""
+        return SaveSchedule(self.save_freq, self.save_interval, self.monitor, self.mode,
+                            save_best_only=self.save_best_only, keep_best=self.retention.keep_best,
+                            initial_best=self.initial_value_threshold)
 
 
 def check_options(

@@ -93,14 +93,20 @@ class SaveSchedule:
         return True
 
     def restore_best(self, best: Any, history: list[dict[str, float]], monitor: str | None,
-                     mode: str | None) -> bool:
-        """Take a restored checkpoint's best value; one that tracked another ``monitor`` or ``mode``
-        gives the best over the run's ``history`` instead. True when that changed the best."""
+                     mode: str | None, *, source: str) -> None:
+        """Take the best value of a restored checkpoint (``source`` names it). One that tracked
+        another ``monitor`` or ``mode`` gives the best over the run's ``history`` instead, said
+        in a warning (none when there was no best then and there is none in the history)."""
         self.best = None if best is None else float(best)
         if monitor is None or (monitor, mode) == (self.monitor, self.mode):
-            return False
+            return
         self.best = self.best_in_history(history)
-        return (best, self.best) != (None, None)  # no best then and none in the history: nothing changes
+        if (best, self.best) != (None, None):
+            warnings.warn(
+                f"resumable: {source} tracked the best {monitor!r} (mode {mode!r}); this run monitors "
+                f"{self.monitor!r} (mode {self.mode!r}), so its best is taken from the run's history: "
+                f"{self.best}", stacklevel=5,  # resume()'s caller (via restore_checkpoint, callback.restore)
+            )
 
     def best_in_history(self, history: list[dict[str, float]]) -> float | None:
         """The best value of ``monitor`` over a run's epochs (a run that monitored another metric)."""

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import signal
+
 import keras
 import numpy as np
+import pytest
 
 from resumable.keras import training_state
 from resumable.keras.fit_position import FitPosition
@@ -69,6 +72,19 @@ def test_what_is_owed_is_handed_out_once() -> None:
     assert position.take_pending() is logs and position.take_pending() is None
     assert position.take_witnessed() == ("batch", 4, logs) and position.take_witnessed() is None
     assert position.take_stop_request() == 15 and position.take_stop_request() is None
+
+
+def test_a_stop_request_stops_as_its_signal_would_have_once() -> None:
+    position = FitPosition()
+    position.stop_if_asked()  # none asked: nothing happens
+    position.request_stop(signal.SIGTERM)
+    with pytest.raises(SystemExit) as exited:
+        position.stop_if_asked()
+    assert exited.value.code == 128 + signal.SIGTERM
+    position.stop_if_asked()  # acted on: asked no more
+    position.request_stop(signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt):
+        position.stop_if_asked()
 
 
 def test_a_batch_end_or_an_epoch_end_reached_clears_what_the_witness_saw() -> None:

@@ -137,3 +137,30 @@ def test_best_in_history_takes_the_monitor_over_the_epochs_from_the_initial_valu
     assert schedule(initial_best=0.4).best_in_history(history) == 0.4
     assert schedule(mode="max").best_in_history(history) == 0.6
     assert schedule().best_in_history([{"loss": 0.1}]) is None
+
+
+def test_a_restored_best_of_the_same_monitor_is_taken_as_it_is() -> None:
+    s = schedule()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        s.restore_best(0.25, [{"val_loss": 0.1}], "val_loss", "min", source="gs://b/run/ckpt-000002")
+    assert s.best == 0.25
+
+
+def test_a_restored_best_of_another_monitor_comes_from_the_history_said_once() -> None:
+    s = schedule()
+    with pytest.warns(UserWarning) as caught:
+        s.restore_best(0.9, [{"val_loss": 0.5, "acc": 0.8}, {"val_loss": 0.3, "acc": 0.9}], "acc", "max",
+                       source="gs://b/run/ckpt-000002")
+    assert s.best == 0.3
+    assert [str(w.message) for w in caught] == [
+        "resumable: gs://b/run/ckpt-000002 tracked the best 'acc' (mode 'max'); this run monitors "
+        "'val_loss' (mode 'min'), so its best is taken from the run's history: 0.3"]
+
+
+def test_no_best_then_and_none_in_the_history_changes_nothing_and_says_nothing() -> None:
+    s = schedule()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        s.restore_best(None, [{"acc": 0.8}], "acc", "max", source="ckpt-000001")
+    assert s.best is None
