@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 
 # Before anything imports gcsfs: its gRPC bucket probe stalls ~60 s against an emulator.
 os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"
@@ -18,6 +19,18 @@ from fake_gcs import fake_gcs_server, point_gcs_clients_at
 
 BACKENDS = ["local", "memory", "gcs"]
 GIB_PER_WORKER = 3  # a worker's own TensorFlow and JAX, a training job it forks, a 0.6 GB resume
+DISK_GIB = 3  # the suite's peak under TMPDIR was 2.3 GB on two workers (each module's copies removed)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A full disk fails tests far from the cause (CI once did, in five places): say it first."""
+    if hasattr(config, "workerinput"):
+        return  # an xdist worker: the controller checked
+    tmp = tempfile.gettempdir()
+    free = shutil.disk_usage(tmp).free / 2**30
+    if free < DISK_GIB:
+        pytest.exit(f"the suite writes up to {DISK_GIB} GB under {tmp}, and {free:.1f} GB is free there: "
+                    "free some space, or point TMPDIR at a larger disk", returncode=4)
 
 
 @pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: the lanes run without xdist
@@ -39,11 +52,24 @@ def _private_tempdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]
     os.environ["TMPDIR"] = str(tmp_path_factory.mktemp("tmp"))
     tempfile.tempdir = None  # recomputed from TMPDIR on next use
     yield
+    shutil.rmtree(Path(tempfile.gettempdir()) / "resumable-cache", ignore_errors=True)
     if saved is None:
         os.environ.pop("TMPDIR", None)
     else:
         os.environ["TMPDIR"] = saved
     tempfile.tempdir = None
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _module_caches_removed() -> Iterator[None]:
+    """A gs:// run stages and keeps copies under <tempdir>/resumable-cache/<run>, by design. Each
+    test's run is its own, so remove the copies a module made when it ends: the suite's disk use
+    stays about one module's (a GB), not the sum of them all (over 5 GB)."""
+    cache = Path(tempfile.gettempdir()) / "resumable-cache"
+    before = set(cache.iterdir()) if cache.is_dir() else set()
+    yield
+    for entry in (set(cache.iterdir()) if cache.is_dir() else set()) - before:
+        shutil.rmtree(entry, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
