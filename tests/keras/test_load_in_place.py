@@ -163,28 +163,33 @@ def test_a_load_while_a_snapshot_is_unwritten_leaves_the_snapshot_its_values(
     assert len(called) == 2  # the optimizer's two scalars
 
 
-@pytest.mark.skipif(keras.backend.backend() != "jax", reason="JAX's arrays")
-def test_on_jax_each_array_read_becomes_its_variables_buffer(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """No copy of a big value (here every value counts as big): the array the store read
-    (aligned, `stores.aligned_read`) is the buffer the variable ends with, bit for bit; only
-    the optimizer's two scalars are copies."""
+@pytest.fixture
+def aligned_reads(monkeypatch: pytest.MonkeyPatch) -> list[np.ndarray]:
+    """Every value counts as big (read aligned, `stores.aligned_read`); the arrays read, in order."""
     from resumable.keras.compat import stores
 
     monkeypatch.setattr(stores, "ALIGNED_FROM_BYTES", 1)
-    saved = trained_model(13)
-    saved.save_weights(str(tmp_path / "model.weights.h5"))
-    loaded = trained_model(14)
     read: list[np.ndarray] = []
+    aligned_read = stores.aligned_read
 
     def recorded(dataset: object) -> np.ndarray:
         read.append(aligned_read(dataset))
         return read[-1]
 
-    aligned_read = stores.aligned_read
     monkeypatch.setattr(stores, "aligned_read", recorded)
+    return read
+
+
+@pytest.mark.skipif(keras.backend.backend() != "jax", reason="JAX's arrays")
+def test_on_jax_each_array_read_becomes_its_variables_buffer(
+        tmp_path: Path, aligned_reads: list[np.ndarray]) -> None:
+    """No copy of a big value (here every value counts as big): the array the store read is the
+    buffer the variable ends with, bit for bit; only the optimizer's two scalars are copies."""
+    saved = trained_model(13)
+    saved.save_weights(str(tmp_path / "model.weights.h5"))
+    loaded = trained_model(14)
     load(loaded, tmp_path / "model.weights.h5")
-    buffers = {array.ctypes.data for array in read}
+    buffers = {array.ctypes.data for array in aligned_reads}
     everything = list(zip(saved.variables + saved.optimizer.variables,
                           loaded.variables + loaded.optimizer.variables, strict=True))
     taken = [after.path for _, after in everything if after.value.unsafe_buffer_pointer() in buffers]
@@ -238,20 +243,11 @@ def test_on_jax_a_dataset_handed_to_assign_is_read_in_full(aligned_from: int, tm
     assert np.array_equal(numpy(kernel), stored)
 
 
-def test_big_values_are_read_aligned_and_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_big_values_are_read_aligned_and_whole(tmp_path: Path, aligned_reads: list[np.ndarray]) -> None:
     """On every backend, values of ``ALIGNED_FROM_BYTES`` or more (here all) come from the store
     in 64-byte aligned buffers, bit for bit (Keras 3.8 and 3.9 hand out the datasets instead)."""
     from resumable.keras.compat import stores
 
-    monkeypatch.setattr(stores, "ALIGNED_FROM_BYTES", 1)
-    read: list[np.ndarray] = []
-
-    def recorded(dataset: object) -> np.ndarray:
-        read.append(aligned_read(dataset))
-        return read[-1]
-
-    aligned_read = stores.aligned_read
-    monkeypatch.setattr(stores, "aligned_read", recorded)
     saved = trained_model(20)
     saved.save_weights(str(tmp_path / "model.weights.h5"))
     loaded = trained_model(21)
@@ -260,7 +256,7 @@ def test_big_values_are_read_aligned_and_whole(tmp_path: Path, monkeypatch: pyte
                           loaded.variables + loaded.optimizer.variables, strict=True))
     for before, after in everything:
         assert np.array_equal(numpy(before), numpy(after)), after.path
-    assert all(array.ctypes.data % stores.ALIGNMENT == 0 for array in read)
+    assert all(array.ctypes.data % stores.ALIGNMENT == 0 for array in aligned_reads)
     if tuple(int(part) for part in keras.version().split(".")[:2]) >= (3, 10):
         # every array of the model (the first load in a process also reads compat's probe)
-        assert len(read) >= sum(1 for _, after in everything if len(after.shape))
+        assert len(aligned_reads) >= sum(1 for _, after in everything if len(after.shape))
