@@ -19,7 +19,7 @@ from fake_gcs import fake_gcs_server, point_gcs_clients_at
 
 BACKENDS = ["local", "memory", "gcs"]
 GIB_PER_WORKER = 3  # a worker's own TensorFlow and JAX, a training job it forks, a 0.6 GB resume
-DISK_GIB = 3  # the suite's peak under TMPDIR was 2.3 GB on two workers (each module's copies removed)
+DISK_GIB = 3  # the suite's peak under TMPDIR: 2.3 GB on two workers and on three (was 5.5)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -38,7 +38,7 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """``-n auto`` (the README's command): a worker per usable CPU and one more, as memory allows.
 
     The suite's tests wait on processes they start, on real lease timeouts and on sleeps: on two
-    CPUs, two workers left them idle part of the time (15.2 and 15.8 min), three took 13.5 min.
+    CPUs, two workers left them idle part of the time (15.2 to 15.8 min), three took 13.5 to 14.7.
     """
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else 0
