@@ -6,9 +6,11 @@
 
 A job started this way is a process of its own (its pid, its signals, its exit status, its atexit
 hooks), but skips the 5-7 s that importing TensorFlow and Keras takes. One server per Keras
-backend (the job's KERAS_BACKEND) and preload list lives as long as the test session. Use a
-real fresh process instead for what a fork would hide: what importing does, variables read at
-import (XLA_FLAGS before JAX starts), the command line itself (``python -m``, IPython).
+backend (the job's KERAS_BACKEND) and preload list lives as long as the test session. A job
+may set what JAX reads when its backend starts (XLA_FLAGS, jax.distributed): the server
+imports JAX but never starts it. Use a real fresh process instead for what a fork would hide:
+what importing does, variables read at import or at a process' start (TensorFlow's,
+MALLOC_*), the command line itself (``python -m``, IPython).
 """
 
 from __future__ import annotations

@@ -2,8 +2,9 @@
 
 The backend is chosen when Keras is imported and this process runs Keras on TensorFlow, so
 every scenario runs tests/jobs/jax_job.py in processes of its own (KERAS_BACKEND=jax), as a
-Colab TPU notebook re-run after a disconnect: forked from the JAX job server, except where XLA
-must see other devices (XLA_FLAGS) or several processes form one JAX program: fresh processes.
+Colab TPU notebook re-run after a disconnect, each forked from the JAX job server: one that
+sees other devices sets XLA_FLAGS, and the processes of one program start jax.distributed,
+before JAX's backend exists in it.
 Every job also reports whether anything imported TensorFlow: resumable must not, since Colab's
 TPU runtimes have none (the JAX job server never imports it).
 """
@@ -17,14 +18,12 @@ import queue
 import random
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
-from forked import ForkedJob, run_job, start_job
+from forked import run_job, start_job
 from keras_helpers import assert_equal_weights, saved_weights
 from paths import JOBS
 
@@ -47,15 +46,9 @@ def env() -> dict[str, str]:
             "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false", "TF_CPP_MIN_LOG_LEVEL": "3"}
 
 
-def session(url: str | Path, epochs: int, *extra: str, fresh: bool = False) -> str:
-    """One training session in a process of its own (a fresh Python with ``fresh``); returns its
-    stdout after checking it went well."""
-    argv = [str(url), "--epochs", str(epochs), *extra]
-    if fresh:
-        done = subprocess.run([sys.executable, str(JOB), *argv], capture_output=True, text=True, timeout=300,
-                              env=env())
-    else:
-        done = run_job(JOB, argv, env=env())
+def session(url: str | Path, epochs: int, *extra: str) -> str:
+    """One training session in a process of its own; returns its stdout after checking it went well."""
+    done = run_job(JOB, [str(url), "--epochs", str(epochs), *extra], env=env())
     assert done.returncode == 0, done.stdout + done.stderr[-4000:]
     assert_no_tensorflow(done.stdout)
     return done.stdout
@@ -159,18 +152,18 @@ def test_data_parallel_over_two_host_devices_save_resume_and_across(tmp_path: Pa
     url = tmp_path / "run"
     two = ("--host-devices", "2")
     # saved under DataParallel over two forced CPU devices, given to resume()
-    first = session(url, 2, *two, "--distribution", "arg", "--out", str(tmp_path / "w2.npz"), fresh=True)
+    first = session(url, 2, *two, "--distribution", "arg", "--out", str(tmp_path / "w2.npz"))
     assert "LAYOUT devices=2" in first and "saving ckpt-000002" in first
     # resumed under it, set globally this time: exact weights, laid out over both devices again
     second = session(url, 3, *two, "--distribution", "global", "--restored-out", str(tmp_path / "r2.npz"),
-                     "--out", str(tmp_path / "w3.npz"), fresh=True)
+                     "--out", str(tmp_path / "w3.npz"))
     assert line(second, "READY") == f"READY initial_epoch=2 step={2 * STEPS_PER_EPOCH}"
     assert "LAYOUT devices=2" in second
     assert_same_saved_weights(tmp_path / "r2.npz", tmp_path / "w2.npz")
     manifest = RunStorage(str(url)).latest().manifest  # type: ignore[union-attr]
     assert manifest is not None and (manifest.processes, manifest.devices) == (1, 2)
     # across: two devices to one, without a distribution
-    third = session(url, 4, "--restored-out", str(tmp_path / "r3.npz"), fresh=True)
+    third = session(url, 4, "--restored-out", str(tmp_path / "r3.npz"))
     assert line(third, "READY") == f"READY initial_epoch=3 step={3 * STEPS_PER_EPOCH}"
     assert "LAYOUT devices=1" in third
     assert_same_saved_weights(tmp_path / "r3.npz", tmp_path / "w3.npz")
@@ -186,17 +179,11 @@ KILLS = int(os.environ.get("RESUMABLE_TEST_JAX_KILLS", "3"))
 
 
 class Job:
-    """A training process whose stdout lines arrive on a queue, to kill at a chosen line: forked
-    from the job server, or a fresh Python with ``fresh`` (a process of a several-process program)."""
+    """A training process forked from the job server, whose stdout lines arrive on a queue, to
+    kill at a chosen line."""
 
-    def __init__(self, argv: list[str], log: Path, fresh: bool = False) -> None:
-        self._stderr = log.open("a")
-        self.proc: subprocess.Popen[str] | ForkedJob
-        if fresh:
-            self.proc = subprocess.Popen([sys.executable, str(JOB), *argv], stdout=subprocess.PIPE,
-                                         stderr=self._stderr, text=True, bufsize=1, env=env())
-        else:
-            self.proc = start_job(JOB, argv, env=env(), stderr=log)
+    def __init__(self, argv: list[str], log: Path) -> None:
+        self.proc = start_job(JOB, argv, env=env(), stderr=log)
         self.lines: list[str] = []
         self._queue: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
@@ -232,7 +219,6 @@ class Job:
         code = self.proc.wait(timeout=timeout)
         while self.next(5) is not None:
             pass
-        self._stderr.close()
         return code
 
 
@@ -288,7 +274,7 @@ def program(url: str | Path, epochs: int, tmp_path: Path, tag: str, *extra: str)
     return [
         Job([str(url), "--epochs", str(epochs), "--processes", "2", "--process-id", str(i),
              "--coordinator", coordinator, "--out", str(tmp_path / f"{tag}-p{i}.npz"), *extra],
-            tmp_path / f"{tag}-p{i}.log", fresh=True)
+            tmp_path / f"{tag}-p{i}.log")
         for i in range(2)
     ]
 

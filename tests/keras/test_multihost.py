@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from forked import start_job
 from paths import JOBS
 
 from resumable import CheckpointCallback, ResumableError, RunStorage
@@ -111,21 +112,19 @@ def test_shards_written_and_read_back_and_a_missing_chunk_is_an_error_never_zero
 
 
 def env() -> dict[str, str]:
-    # Each job sets its own XLA_FLAGS; a fixed mmap threshold makes freed arrays leave the
-    # resident memory at once, so the MEMORY lines measure live data.
+    # Each job sets its own XLA_FLAGS (and its malloc's mmap threshold: `fixed_mmap_threshold`).
     return {**{k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}, "KERAS_BACKEND": "jax",
-            "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false", "TF_CPP_MIN_LOG_LEVEL": "3",
-            "MALLOC_MMAP_THRESHOLD_": "65536"}
+            "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false", "TF_CPP_MIN_LOG_LEVEL": "3"}
 
 
 class Process:
-    """One process of a job; its stdout lines arrive on a queue, its stderr goes to a file."""
+    """One process of a job, forked from the JAX job server (tests/forked.py: each sets its own
+    XLA_FLAGS and starts jax.distributed before JAX's backend exists); its stdout lines arrive
+    on a queue, its stderr goes to a file."""
 
     def __init__(self, argv: list[str], log: Path) -> None:
         self.log = log
-        self._stderr = log.open("w")
-        self.proc = subprocess.Popen([sys.executable, str(JOB), *argv], stdout=subprocess.PIPE,
-                                     stderr=self._stderr, text=True, bufsize=1, env=env())
+        self.proc = start_job(JOB, argv, env=env(), stderr=log)
         self.lines: list[str] = []
         self._queue: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
@@ -157,7 +156,6 @@ class Process:
         code = self.proc.wait(timeout=timeout)
         while (text := self._queue.get(timeout=10)) is not None:
             self.lines.append(text)
-        self._stderr.close()
         return code
 
     @property
