@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from forked import JAX_CACHE
 
 SCRIPT = Path(__file__).parent.parent / "benchmarks" / "bench_save.py"
 
@@ -17,7 +18,8 @@ SCRIPT = Path(__file__).parent.parent / "benchmarks" / "bench_save.py"
 def test_bench_save_tiny_prints_its_tables(gcs_server: str) -> None:
     result = subprocess.run(
         [sys.executable, str(SCRIPT), "--tiny"], capture_output=True, text=True, timeout=600,
-        env={**os.environ, "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false", "TF_CPP_MIN_LOG_LEVEL": "3"},
+        env={**os.environ, "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false", "TF_CPP_MIN_LOG_LEVEL": "3",
+             **JAX_CACHE},  # the JAX jobs' compilation cache: its processes compile one model
     )
     assert result.returncode == 0, result.stderr[-3000:]
     out = result.stdout
@@ -76,7 +78,7 @@ def test_bench_multihost_tiny_prints_its_tables() -> None:
         configs += ",orbax"
     result = subprocess.run(
         [sys.executable, str(MULTIHOST), "--tiny", "--configs", configs], capture_output=True, text=True,
-        timeout=900, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
+        timeout=900, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", **JAX_CACHE},
     )
     assert result.returncode == 0, result.stderr[-3000:]
     out = result.stdout
