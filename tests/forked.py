@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -234,6 +235,51 @@ class ForkedJob:
     def __del__(self) -> None:
         if not self.stdout.closed:
             self.stdout.close()
+
+
+class WatchedJob:
+    """A forked job whose stdout lines a test waits for and keeps (``lines``), its stderr in
+    the file ``log``: to kill at a chosen line, or to read what it said once it ended."""
+
+    def __init__(self, script: Path, argv: list[str], env: Mapping[str, str], log: Path) -> None:
+        self.log = log
+        self.job = start_job(script, argv, env=env, stderr=log)
+        self.lines: list[str] = []
+
+    def next(self, timeout: float) -> str | None:
+        """The next line, None at the end of the output or when ``timeout`` s pass first."""
+        text = self.job.next_line(timeout)
+        if text is not None:
+            self.lines.append(text)
+        return text
+
+    def wait_for(self, prefix: str, timeout: float) -> str:
+        """The first line from now on that starts with ``prefix``; AssertionError, with the
+        output, if the job ends or ``timeout`` s pass first."""
+        deadline = time.monotonic() + timeout
+        while (text := self.next(deadline - time.monotonic())) is not None:
+            if text.startswith(prefix):
+                return text
+        why = "ended without" if self.job.output_ended else f"within {timeout} s, no"
+        raise AssertionError(f"{why} a {prefix!r} line:\n{self.output}")
+
+    def line(self, prefix: str) -> str:
+        """The first line kept that starts with ``prefix``."""
+        return next(text for text in self.lines if text.startswith(prefix))
+
+    def kill(self) -> None:
+        self.job.kill()
+
+    def finish(self, timeout: float = 300) -> int:
+        """Its return code once it ended, every line it printed kept."""
+        code = self.job.wait(timeout=timeout)
+        while self.next(10) is not None:
+            pass
+        return code
+
+    @property
+    def output(self) -> str:
+        return "\n".join(self.lines) + "\n--- stderr ---\n" + self.log.read_text(errors="replace")[-4000:]
 
 
 def start_job(script: Path, argv: list[str], env: Mapping[str, str] | None = None,

@@ -14,16 +14,14 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import queue
 import random
 import signal
 import socket
-import threading
 import time
 from pathlib import Path
 
 import pytest
-from forked import run_job, start_job
+from forked import WatchedJob, run_job
 from keras_helpers import assert_equal_weights, saved_weights
 from paths import JOBS
 
@@ -178,53 +176,9 @@ SLOW_BATCHES = ["--batch-sleep", "0.1"]  # time to kill between saves; no effect
 KILLS = int(os.environ.get("RESUMABLE_TEST_JAX_KILLS", "3"))
 
 
-class Job:
-    """A training process forked from the job server, whose stdout lines arrive on a queue, to
-    kill at a chosen line."""
-
-    def __init__(self, argv: list[str], log: Path) -> None:
-        self.proc = start_job(JOB, argv, env=env(), stderr=log)
-        self.lines: list[str] = []
-        self._queue: queue.Queue[str | None] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for text in self.proc.stdout:
-            self._queue.put(text.rstrip("\n"))
-        self._queue.put(None)
-
-    def next(self, timeout: float) -> str | None:
-        """The next line, None at the end of the output or when ``timeout`` passes."""
-        try:
-            text = self._queue.get(timeout=max(timeout, 0))
-        except queue.Empty:
-            return None
-        if text is not None:
-            self.lines.append(text)
-        return text
-
-    def wait_for(self, prefix: str, timeout: float) -> str:
-        deadline = time.monotonic() + timeout
-        while (text := self.next(deadline - time.monotonic())) is not None:
-            if text.startswith(prefix):
-                return text
-        raise AssertionError(f"no {prefix!r} line within {timeout} s:\n" + "\n".join(self.lines))
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGKILL)
-
-    def finish(self, timeout: float = 300) -> int:
-        code = self.proc.wait(timeout=timeout)
-        while self.next(5) is not None:
-            pass
-        return code
-
-
-def killed_attempt(url: str, log: Path, rng: random.Random) -> Job:
+def killed_attempt(url: str, log: Path, rng: random.Random) -> WatchedJob:
     """Start the job and SIGKILL it while training or just inside a save."""
-    job = Job([url, "--epochs", str(EPOCHS), *TRAINING, *SLOW_BATCHES], log)
+    job = WatchedJob(JOB, [url, "--epochs", str(EPOCHS), *TRAINING, *SLOW_BATCHES], env(), log)
     job.wait_for("READY", timeout=120)
     if rng.random() < 0.5:
         time.sleep(rng.uniform(0.5, 4.0))  # the first epoch also compiles the train step
@@ -268,18 +222,18 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def program(url: str | Path, epochs: int, tmp_path: Path, tag: str, *extra: str) -> list[Job]:
+def program(url: str | Path, epochs: int, tmp_path: Path, tag: str, *extra: str) -> list[WatchedJob]:
     """Two processes of one JAX program, coordinated on 127.0.0.1."""
     coordinator = f"127.0.0.1:{free_port()}"
     return [
-        Job([str(url), "--epochs", str(epochs), "--processes", "2", "--process-id", str(i),
-             "--coordinator", coordinator, "--out", str(tmp_path / f"{tag}-p{i}.npz"), *extra],
-            tmp_path / f"{tag}-p{i}.log")
+        WatchedJob(JOB, [str(url), "--epochs", str(epochs), "--processes", "2", "--process-id", str(i),
+                         "--coordinator", coordinator, "--out", str(tmp_path / f"{tag}-p{i}.npz"), *extra],
+                   env(), tmp_path / f"{tag}-p{i}.log")
         for i in range(2)
     ]
 
 
-def finish_program(jobs: list[Job], tmp_path: Path, tag: str) -> list[str]:
+def finish_program(jobs: list[WatchedJob], tmp_path: Path, tag: str) -> list[str]:
     outputs = []
     for i, job in enumerate(jobs):
         code = job.finish()

@@ -1,11 +1,12 @@
 """A model split across the processes of a multi-host JAX job (ModelParallel over every process's
 devices) saves and resumes, each process writing and reading its own part.
 
-The processes are real: tests/jobs/model_parallel_job.py started N times on 127.0.0.1, each
-with its own XLA CPU devices, ``jax.distributed`` between them and collectives over gloo.
-Each process writes its shards' arrays (TensorStore), process 0 commits the one manifest after
-every process reported its files; on resume each process reads only the parts its devices
-need, under whatever layout and number of processes the new session has.
+The processes are real: tests/jobs/model_parallel_job.py forked N times from the JAX job
+server (tests/forked.py), on 127.0.0.1, each with its own XLA CPU devices, ``jax.distributed``
+between them and collectives over gloo. Each process writes its shards' arrays (TensorStore),
+process 0 commits the one manifest after every process reported its files; on resume each
+process reads only the parts its devices need, under whatever layout and number of processes
+the new session has.
 """
 
 from __future__ import annotations
@@ -13,20 +14,17 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import queue
 import random
-import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from forked import start_job
+from forked import WatchedJob
 from paths import JOBS
 
 from resumable import CheckpointCallback, ResumableError, RunStorage
@@ -117,55 +115,6 @@ def env() -> dict[str, str]:
             "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false", "TF_CPP_MIN_LOG_LEVEL": "3"}
 
 
-class Process:
-    """One process of a job, forked from the JAX job server (tests/forked.py: each sets its own
-    XLA_FLAGS and starts jax.distributed before JAX's backend exists); its stdout lines arrive
-    on a queue, its stderr goes to a file."""
-
-    def __init__(self, argv: list[str], log: Path) -> None:
-        self.log = log
-        self.proc = start_job(JOB, argv, env=env(), stderr=log)
-        self.lines: list[str] = []
-        self._queue: queue.Queue[str | None] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for text in self.proc.stdout:
-            self._queue.put(text.rstrip("\n"))
-        self._queue.put(None)
-
-    def wait_for(self, prefix: str, timeout: float) -> str:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                text = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                raise AssertionError(f"no {prefix!r} line within {timeout} s:\n" + self.output) from None
-            if text is None:
-                raise AssertionError(f"ended without a {prefix!r} line:\n" + self.output)
-            self.lines.append(text)
-            if text.startswith(prefix):
-                return text
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGKILL)
-
-    def finish(self, timeout: float = 300) -> int:
-        code = self.proc.wait(timeout=timeout)
-        while (text := self._queue.get(timeout=10)) is not None:
-            self.lines.append(text)
-        return code
-
-    @property
-    def output(self) -> str:
-        return "\n".join(self.lines) + "\n--- stderr ---\n" + self.log.read_text()[-4000:]
-
-    def line(self, prefix: str) -> str:
-        return next(text for text in self.lines if text.startswith(prefix))
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -173,17 +122,17 @@ def free_port() -> int:
 
 
 def start(url: str | Path, processes: int, epochs: int, folder: Path, tag: str, *extra: str,
-          host_devices: int = 2, per_process: dict[int, list[str]] | None = None) -> list[Process]:
+          host_devices: int = 2, per_process: dict[int, list[str]] | None = None) -> list[WatchedJob]:
     coordinator = f"127.0.0.1:{free_port()}"
-    return [Process([str(url), "--epochs", str(epochs), "--processes", str(processes), "--process-id", str(i),
-                     "--coordinator", coordinator, "--host-devices", str(host_devices),
-                     "--out", str(folder / f"{tag}-p{i}.npz"),
-                     "--restored-out", str(folder / f"{tag}-r{i}.npz"),
-                     *extra, *(per_process or {}).get(i, [])], folder / f"{tag}-p{i}.log")
+    return [WatchedJob(JOB, [str(url), "--epochs", str(epochs), "--processes", str(processes),
+                             "--process-id", str(i), "--coordinator", coordinator,
+                             "--host-devices", str(host_devices), "--out", str(folder / f"{tag}-p{i}.npz"),
+                             "--restored-out", str(folder / f"{tag}-r{i}.npz"),
+                             *extra, *(per_process or {}).get(i, [])], env(), folder / f"{tag}-p{i}.log")
             for i in range(processes)]
 
 
-def finish(job: list[Process]) -> list[Process]:
+def finish(job: list[WatchedJob]) -> list[WatchedJob]:
     for i, process in enumerate(job):
         code = process.finish()
         assert code == 0, f"process {i} failed ({code}):\n{process.output}"
