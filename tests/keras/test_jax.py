@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
-from forked import WatchedJob, run_job
+from forked import WatchedJob, job_env, run_job
 from keras_helpers import assert_equal_weights, saved_weights
 from paths import JOBS
 
@@ -38,15 +38,9 @@ JOB = JOBS / "jax_job.py"
 STEPS_PER_EPOCH = 12  # 384 training samples, global batch 32
 
 
-def env() -> dict[str, str]:
-    # XLA_FLAGS from outside would change the devices a job sees; each job sets its own.
-    return {**{k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}, "KERAS_BACKEND": "jax",
-            "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false", "TF_CPP_MIN_LOG_LEVEL": "3"}
-
-
 def session(url: str | Path, epochs: int, *extra: str) -> str:
     """One training session in a process of its own; returns its stdout after checking it went well."""
-    done = run_job(JOB, [str(url), "--epochs", str(epochs), *extra], env=env())
+    done = run_job(JOB, [str(url), "--epochs", str(epochs), *extra], env=job_env("jax"))
     assert done.returncode == 0, done.stdout + done.stderr[-4000:]
     assert_no_tensorflow(done.stdout)
     return done.stdout
@@ -178,7 +172,7 @@ KILLS = int(os.environ.get("RESUMABLE_TEST_JAX_KILLS", "3"))
 
 def killed_attempt(url: str, log: Path, rng: random.Random) -> WatchedJob:
     """Start the job and SIGKILL it while training or just inside a save."""
-    job = WatchedJob(JOB, [url, "--epochs", str(EPOCHS), *TRAINING, *SLOW_BATCHES], env(), log)
+    job = WatchedJob(JOB, [url, "--epochs", str(EPOCHS), *TRAINING, *SLOW_BATCHES], job_env("jax"), log)
     job.wait_for("READY", timeout=120)
     if rng.random() < 0.5:
         time.sleep(rng.uniform(0.5, 4.0))  # the first epoch also compiles the train step
@@ -228,7 +222,7 @@ def program(url: str | Path, epochs: int, tmp_path: Path, tag: str, *extra: str)
     return [
         WatchedJob(JOB, [str(url), "--epochs", str(epochs), "--processes", "2", "--process-id", str(i),
                          "--coordinator", coordinator, "--out", str(tmp_path / f"{tag}-p{i}.npz"), *extra],
-                   env(), tmp_path / f"{tag}-p{i}.log")
+                   job_env("jax"), tmp_path / f"{tag}-p{i}.log")
         for i in range(2)
     ]
 

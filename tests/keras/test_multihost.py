@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import random
 import socket
 import subprocess
@@ -24,7 +23,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from forked import WatchedJob
+from forked import WatchedJob, job_env
 from paths import JOBS
 
 from resumable import CheckpointCallback, ResumableError, RunStorage
@@ -109,12 +108,6 @@ def test_shards_written_and_read_back_and_a_missing_chunk_is_an_error_never_zero
 # ----------------------------------------------------------------------------- several processes
 
 
-def env() -> dict[str, str]:
-    # Each job sets its own XLA_FLAGS (and its malloc's mmap threshold: `fixed_mmap_threshold`).
-    return {**{k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}, "KERAS_BACKEND": "jax",
-            "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false", "TF_CPP_MIN_LOG_LEVEL": "3"}
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -128,7 +121,8 @@ def start(url: str | Path, processes: int, epochs: int, folder: Path, tag: str, 
                              "--process-id", str(i), "--coordinator", coordinator,
                              "--host-devices", str(host_devices), "--out", str(folder / f"{tag}-p{i}.npz"),
                              "--restored-out", str(folder / f"{tag}-r{i}.npz"),
-                             *extra, *(per_process or {}).get(i, [])], env(), folder / f"{tag}-p{i}.log")
+                             *extra, *(per_process or {}).get(i, [])],
+                       job_env("jax"), folder / f"{tag}-p{i}.log")
             for i in range(processes)]
 
 
@@ -258,7 +252,7 @@ def test_a_split_job_whose_run_folder_another_job_writes_stops_on_every_process_
         [sys.executable, "-c", "import sys, time; from resumable import RunStorage; "
          "from resumable.storage.lease import Lease; Lease(RunStorage(sys.argv[1])).acquire(); "
          "print('held', flush=True); time.sleep(300)", str(url)],
-        stdout=subprocess.PIPE, text=True, env=env())
+        stdout=subprocess.PIPE, text=True, env=job_env("jax"))
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
         # JAX's heartbeat (60 s) would end process 1 too, later and in JAX's words: ours must come first
