@@ -260,3 +260,125 @@ def test_big_values_are_read_aligned_and_whole(tmp_path: Path, aligned_reads: li
     if tuple(int(part) for part in keras.version().split(".")[:2]) >= (3, 10):
         # every array of the model (the first load in a process also reads compat's probe)
         assert len(aligned_reads) >= sum(1 for _, after in everything if len(after.shape))
+
+
+@pytest.fixture
+def unread_reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Every value counts as big on TensorFlow (handed out unread, `stores.UnreadValue`); the
+    addresses of the buffers each was read into. Reading one whole (``np.asarray``) fails the test."""
+    from resumable.keras.compat import stores
+
+    compat.sharding_works()  # its probe reads its values whole, once per process: before they are refused
+    monkeypatch.setattr(stores, "UNREAD_FROM_BYTES", 1)
+    buffers: list[int] = []
+    read_direct = stores.UnreadValue.read_direct
+
+    def recorded(value: stores.UnreadValue, buffer: np.ndarray) -> None:
+        buffers.append(buffer.ctypes.data)
+        read_direct(value, buffer)
+
+    def refused(value: stores.UnreadValue, dtype: object = None, copy: object = None) -> np.ndarray:
+        raise AssertionError(f"{value._name} was read whole, not into its variable's buffer")
+
+    monkeypatch.setattr(stores.UnreadValue, "read_direct", recorded)
+    monkeypatch.setattr(stores.UnreadValue, "__array__", refused)
+    return buffers
+
+
+def variable_buffers(model: keras.Model) -> dict[str, int]:
+    buffers = {}
+    for variable in model.variables + model.optimizer.variables:
+        buffer = in_place._own_buffer(variable.value)
+        if buffer is not None and len(variable.shape):
+            buffers[variable.path] = buffer.ctypes.data
+    return buffers
+
+
+@pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="TensorFlow's variables")
+def test_on_tensorflow_big_values_are_read_straight_into_the_variables_buffers(
+        tmp_path: Path, unread_reads: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A big value is never held beside the model: the file is read into the buffer the variable
+    already has, never into an array of its own first, bit for bit."""
+    saved = trained_model(22)
+    saved.save_weights(str(tmp_path / "model.weights.h5"))
+    loaded = trained_model(23)
+    keras_assigns(loaded, monkeypatch)  # no snapshot of an earlier test in this process counts
+    load(loaded, tmp_path / "model.weights.h5")
+    assert sorted(unread_reads) == sorted(variable_buffers(loaded).values())
+    for before, after in zip(saved.variables + saved.optimizer.variables,
+                             loaded.variables + loaded.optimizer.variables, strict=True):
+        assert np.array_equal(numpy(before), numpy(after)), after.path
+
+
+def sharded_weights(model: keras.Model, folder: Path) -> Path:
+    """``model``'s weights as Keras' sharded weights, each value in a shard of its own, so that a
+    layer's kernel and bias lie in different shards."""
+    path = folder / "model.weights.json"
+    try:
+        model.save_weights(str(path), max_shard_size=1000 / 2**30)  # over the biggest value, 960 B
+    except TypeError:
+        pytest.skip("this Keras writes no shards")
+    if not compat.sharding_works():
+        pytest.skip("this Keras' sharded store does not read back")
+    return path
+
+
+@pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="TensorFlow's variables")
+def test_a_value_whose_shard_keras_closed_before_its_assign_is_read_from_the_shard_again(
+        tmp_path: Path, unread_reads: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Keras' sharded store reads a value of another shard, then closes that shard and goes back
+    to its own before the layer assigns the value: the unread value opens the shard again."""
+    saved = trained_model(24)
+    path = sharded_weights(saved, tmp_path)
+    assert len(list(tmp_path.glob("model_*.weights.h5"))) > 4
+    loaded = trained_model(25)
+    keras_assigns(loaded, monkeypatch)
+    assert compat.load_sharded_weights(loaded, str(path), lambda name: None)
+    assert sorted(unread_reads) == sorted(variable_buffers(loaded).values())
+    for before, after in zip(saved.variables + saved.optimizer.variables,
+                             loaded.variables + loaded.optimizer.variables, strict=True):
+        assert np.array_equal(numpy(before), numpy(after)), after.path
+
+
+class KeepsItsValue(keras.layers.Layer):
+    """A layer that keeps what its store hands it, as Keras' Discretization keeps its summary."""
+
+    def build(self, input_shape: tuple[int, ...]) -> None:
+        self.kernel = self.add_weight(shape=(input_shape[-1], 5), initializer="ones")
+
+    def call(self, inputs: object) -> object:
+        return keras.ops.matmul(inputs, self.kernel)
+
+    def load_own_variables(self, store: object) -> None:
+        self.kept = store["0"]  # type: ignore[index]
+        self.kernel.assign(self.kept)
+
+
+@pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="TensorFlow's unread values")
+@pytest.mark.parametrize("layout", ["one file", "shards"])
+def test_a_value_a_layer_keeps_is_read_before_its_file_closes(layout: str, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    from resumable.keras.compat import stores
+
+    monkeypatch.setattr(stores, "UNREAD_FROM_BYTES", 1)
+
+    def model() -> keras.Model:
+        built = keras.Sequential([keras.Input((4,)), KeepsItsValue(), keras.layers.Dense(2)])
+        built.compile(optimizer="adam", loss="mse")
+        built.optimizer.build(built.trainable_variables)
+        return built
+
+    saved = model()
+    saved.layers[0].kernel.assign(np.arange(20, dtype="float32").reshape(4, 5))
+    loaded = model()
+    if layout == "one file":
+        saved.save_weights(str(tmp_path / "model.weights.h5"))
+        load(loaded, tmp_path / "model.weights.h5")  # a file object, closed once loaded
+    else:
+        path = sharded_weights(saved, tmp_path)
+        assert compat.load_sharded_weights(loaded, str(path), lambda name: None)
+        for shard in tmp_path.glob("model_*.weights.h5"):
+            shard.unlink()  # a later prune: the kept value must not need its file
+    kept = loaded.layers[0].kept
+    assert isinstance(kept, stores.UnreadValue)
+    assert np.array_equal(np.asarray(kept), np.arange(20, dtype="float32").reshape(4, 5))

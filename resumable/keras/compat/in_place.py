@@ -1,5 +1,5 @@
-"""Loading a variable at a time in place: a load of weights costs each value beside the model,
-not also a second copy of it (`assigned_in_place`, around every fast load in `loading`).
+"""Loading a variable at a time in place: a load of weights costs at most each value beside the
+model, not also a second copy of it (`assigned_in_place`, around every fast load in `loading`).
 
 Reaches each variable's ``assign`` (overridden on the variable itself, for one load), its
 ``_value``, ``_dtype`` and ``_layout``, and
@@ -28,19 +28,22 @@ GIVE_BACK_BYTES = 16 * 2**20  # read between two gives of the heap's freed memor
 def assigned_in_place(model: Any) -> Iterator[None]:
     """While a load of weights into ``model`` runs: each of its variables (its optimizer's
     included) assigned a value read from the weights file (a NumPy array; an h5py dataset in
-    Keras 3.8 and 3.9) costs that value beside the model, not also a second copy.
+    Keras 3.8 and 3.9; a `stores.UnreadValue`) costs at most that value beside the model, not
+    also a second copy.
 
     - JAX arrays cannot be written in place: the variable's old array is let go before Keras'
-      assign makes the new one. On the CPU a big value's new array is the array read, not a
-      copy: the loads read those into aligned buffers (`stores.aligned_read`), which JAX takes
-      as they are. Where Keras' assign copies (a smaller value, another device), the copy is
-      waited for before the next value is read.
-    - TensorFlow: the value is copied straight into the buffer the variable already has on the
-      CPU, where Keras' assign would first make a tensor of it (a second copy), then copy that
-      in. Only where two reads of the variable show the same buffer (so it is the variable's
-      own, not a copy made for the read), the load runs eagerly, and no view of a variable's
-      buffer is held by a snapshot not yet written (`shared_buffer`): a snapshot counts on
-      copy on write, and writing into the buffer would change what it writes.
+      assign makes the new one, and before a big value (handed over unread) is read. On the
+      CPU a big value's new array is the array read, not a copy: it is read into an aligned
+      buffer (`stores.aligned_read`), which JAX takes as it is. Where Keras' assign copies (a
+      smaller value, another device), the copy is waited for before the next value is read.
+    - TensorFlow: the value is read (a big one, left unread by the store: `stores.UnreadValue`)
+      or copied straight into the buffer the variable already has on the CPU, where Keras'
+      assign would first make a tensor of it (a second copy), then copy that in. A big value
+      then costs nothing beside the model. Only where two reads of the variable show the same
+      buffer (so it is the variable's own, not a copy made for the read), the load runs
+      eagerly, and no view of a variable's buffer is held by a snapshot not yet written
+      (`shared_buffer`): a snapshot counts on copy on write, and writing into the buffer
+      would change what it writes.
 
     After each ``GIVE_BACK_BYTES`` read, the heap's freed memory is given back
     (`give_heap_back`). Each variable's ``assign`` is overridden on the variable itself, for
@@ -84,13 +87,15 @@ def _variables_of(model: Any) -> list[Any]:
 
 def _assign_in_place(variable: Any, value: Any) -> Any:
     if not _plain_value(variable, value) or not isinstance(getattr(variable, "_value", None), _jax_array()):
+        if isinstance(value, stores.UnreadValue):
+            value = np.asarray(value)
         return type(variable).assign(variable, value)
     _count_read(value.nbytes)
-    if not isinstance(value, np.ndarray) and value.nbytes >= stores.ALIGNED_FROM_BYTES:
-        value = stores.aligned_read(value)  # an h5py dataset (Keras 3.8 and 3.9), read as the loads read
     # Its array is replaced whole: freed now (unless held elsewhere), before the new one
     # exists, not after. Meanwhile it reads as not yet initialized, as Keras' own do.
     variable._value = None
+    if not isinstance(value, np.ndarray):  # unread (an h5py dataset in Keras 3.8 and 3.9): read now
+        value = stores.aligned_read(value) if value.nbytes >= stores.ALIGNED_FROM_BYTES else np.asarray(value)
     assigned = type(variable).assign(variable, value)
     # The copy runs asynchronously, holding the value read: done before the next read.
     getattr(variable._value, "block_until_ready", lambda: None)()
@@ -101,11 +106,13 @@ def _write_into_buffer(variable: Any, value: Any) -> Any:
     writable = _plain_value(variable, value) and value.ndim and not _snapshot_views
     buffer = _own_buffer(variable._value) if writable else None
     if buffer is None:
+        if isinstance(value, stores.UnreadValue):
+            value = np.asarray(value)  # read whole, as Keras' own store reads
         return type(variable).assign(variable, value)
     _count_read(value.nbytes)
     if isinstance(value, np.ndarray):
         np.copyto(buffer, value)
-    else:  # an h5py dataset: read straight into the buffer
+    else:  # an h5py dataset or a value left unread by the store: read straight into the buffer
         value.read_direct(buffer)
     return value
 
@@ -157,7 +164,7 @@ def _plain_value(variable: Any, value: Any) -> bool:
     import h5py
     from keras.src.backend.common.stateless_scope import in_stateless_scope
 
-    if not isinstance(value, np.ndarray | h5py.Dataset) or in_stateless_scope():
+    if not isinstance(value, np.ndarray | h5py.Dataset | stores.UnreadValue) or in_stateless_scope():
         return False
     if getattr(variable, "_layout", None) is not None or value.dtype.kind not in "fiub":
         return False

@@ -5,7 +5,8 @@ Keras lacks the internals or they misbehave (`sharding_works`, `_loading_works`)
 
 Reaches ``saving_lib._load_state``, ``_raise_loading_failure``, ``_model_from_config``,
 ``H5IOStore``, ``ShardedH5IOStore._get_h5_file`` and ``DiskIOStore``. Weights are read
-through `stores.aligned_store`: a JAX variable on the CPU takes each big array as it was read.
+through `stores.in_place_store`: a JAX variable on the CPU takes each big array as it was read,
+a TensorFlow one reads it into its own buffer.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import keras
 from resumable.keras.compat.in_place import assigned_in_place
 from resumable.keras.compat.probing import probe, probe_class
 from resumable.keras.compat.saving_lib import keras_saving_lib, sharded_store
-from resumable.keras.compat.stores import aligned_store, new_recorder, write_sharded_weights
+from resumable.keras.compat.stores import in_place_store, keep_unread, new_recorder, write_sharded_weights
 
 
 def load_weights_from(model: keras.Model, file: Any) -> bool:
@@ -33,7 +34,7 @@ def load_weights_from(model: keras.Model, file: Any) -> bool:
     saving_lib = keras_saving_lib()
     if saving_lib is None or not _loading_works():
         return False
-    _load_into(saving_lib, model, aligned_store(saving_lib)(file, mode="r"), None)
+    _load_into(saving_lib, model, in_place_store(saving_lib)(file, mode="r"), None)
     return True
 
 
@@ -78,7 +79,7 @@ def load_keras_archive(archive: Any, weights: Any) -> keras.Model | None:
     model = saving_lib._model_from_config(archive.read("config.json").decode(), None, True, True)
     has_assets = len(archive.namelist()) > 3  # as Keras: anything beyond metadata, config and weights
     assets = saving_lib.DiskIOStore("assets", archive=archive, mode="r") if has_assets else None
-    _load_into(saving_lib, model, aligned_store(saving_lib)(weights, mode="r"), assets)
+    _load_into(saving_lib, model, in_place_store(saving_lib)(weights, mode="r"), assets)
     return model
 
 
@@ -90,7 +91,7 @@ def _waiting_store(landed: Callable[[str], object]) -> type:
     sharded = sharded_store()
     saving_lib = keras_saving_lib()
 
-    class Waiting(sharded, aligned_store(saving_lib)):  # type: ignore[misc, valid-type]
+    class Waiting(sharded, in_place_store(saving_lib)):  # type: ignore[misc, valid-type]
         arrival_error: BaseException | None = None
 
         def _get_h5_file(self, path_or_io: Any, *args: Any, **kwargs: Any) -> Any:
@@ -114,6 +115,7 @@ def _load_into(saving_lib: ModuleType, model: Any, weights_store: Any, assets_st
             saving_lib._load_state(model, weights_store=weights_store, assets_store=assets_store,
                                    inner_path="", visited_saveables=set(), failed_saveables=failed,
                                    error_msgs=errors)
+        keep_unread(weights_store)
     finally:
         weights_store.close()
         if assets_store is not None:
@@ -177,7 +179,7 @@ def _loading_works() -> bool:
         finally:
             store.close()
         data = io.BytesIO(Path(path).read_bytes())
-        if not written.same(read_back(saving_lib, aligned_store(saving_lib)(data, mode="r"))):
+        if not written.same(read_back(saving_lib, in_place_store(saving_lib)(data, mode="r"))):
             return "weights read from a file object come back different"
         parameters = tuple(inspect.signature(saving_lib._model_from_config).parameters)
         if parameters[:4] != ("config_json", "custom_objects", "compile", "safe_mode"):
