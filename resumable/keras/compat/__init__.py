@@ -32,6 +32,10 @@ unknown Keras costs exactness or speed, never a save or a resume. Callers write
   variable itself for one load, its ``_value``, ``_dtype`` and ``_layout``;
   ``keras.src.backend.common.stateless_scope.in_stateless_scope``; on TensorFlow, an eager
   tensor's ``_numpy`` (its CPU buffer, written into).
+- `deferred_init` (a model built from a checkpoint's config for its load, on JAX):
+  ``keras.Variable._initialize_with_initializer`` (replaced while the model is built, on the
+  building thread), ``_initialize``, ``_value``, ``_shape``, ``_dtype``;
+  ``keras.src.backend.common.global_state``'s ``distribution``; ``keras.config.is_nnx_enabled``.
 - `legacy_h5` (Keras 2's HDF5 files): ``keras.src.legacy.saving.legacy_h5_format``'s
   ``save_weights_to_hdf5_group`` and ``save_optimizer_weights_to_hdf5_group``;
   ``Model._compile_config``.

@@ -6,7 +6,8 @@ Keras lacks the internals or they misbehave (`sharding_works`, `_loading_works`)
 Reaches ``saving_lib._load_state``, ``_raise_loading_failure``, ``_model_from_config``,
 ``H5IOStore``, ``ShardedH5IOStore._get_h5_file`` and ``DiskIOStore``. Weights are read
 through `stores.in_place_store`: a JAX variable on the CPU takes each big array as it was read,
-a TensorFlow one reads it into its own buffer.
+a TensorFlow one reads it into its own buffer. A model built from its config for a load skips
+its initializers on JAX (`deferred_init`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 
 import keras
 
+from resumable.keras.compat.deferred_init import initial_values_deferred
 from resumable.keras.compat.in_place import assigned_in_place
 from resumable.keras.compat.probing import probe, probe_class
 from resumable.keras.compat.saving_lib import keras_saving_lib, sharded_store
@@ -61,9 +63,11 @@ def load_unzipped_model(config: str, weights: str, assets: str | None,
     saving_lib = keras_saving_lib()
     if saving_lib is None or not sharding_works() or not _loading_works():
         return None
-    model = saving_lib._model_from_config(config, None, True, True)
+    with initial_values_deferred() as deferred:  # the load replaces them all
+        model = saving_lib._model_from_config(config, None, True, True)
     assets_store = saving_lib.DiskIOStore(assets, mode="r") if assets is not None else None
     _load_into(saving_lib, model, _waiting_store(landed)(weights, mode="r"), assets_store)
+    deferred.finish()
     return model
 
 
@@ -76,10 +80,12 @@ def load_keras_archive(archive: Any, weights: Any) -> keras.Model | None:
     saving_lib = keras_saving_lib()
     if saving_lib is None or not _loading_works():
         return None
-    model = saving_lib._model_from_config(archive.read("config.json").decode(), None, True, True)
+    with initial_values_deferred() as deferred:  # the load replaces them all
+        model = saving_lib._model_from_config(archive.read("config.json").decode(), None, True, True)
     has_assets = len(archive.namelist()) > 3  # as Keras: anything beyond metadata, config and weights
     assets = saving_lib.DiskIOStore("assets", archive=archive, mode="r") if has_assets else None
     _load_into(saving_lib, model, in_place_store(saving_lib)(weights, mode="r"), assets)
+    deferred.finish()
     return model
 
 
