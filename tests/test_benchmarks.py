@@ -104,3 +104,18 @@ def test_bench_disk_prints_each_measure_with_its_rounds(tmp_path: Path) -> None:
         row = next(line for line in lines if line.startswith(measure))
         assert len(row.split("each round: ")[1].split()) == 3, row
     assert list(tmp_path.iterdir()) == []  # its files are gone
+
+
+def test_bench_upload_sends_the_file_each_way_and_prints_a_row_each() -> None:
+    """Its own fake-gcs-server; each way's object is checked for its size before it is deleted."""
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT.parent / "bench_upload.py"), "--mb", "9", "--rounds", "2"],
+        capture_output=True, text=True, timeout=300,
+        env={k: v for k, v in os.environ.items() if k != "STORAGE_EMULATOR_HOST"},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("9 MB to fake-gcs-server on loopback, 2 rounds")
+    for way in ("resumable", "session + PUT", "gcsfs put_file", "floor: one POST from memory"):
+        row = next(line for line in lines if line.startswith(way + " "))
+        assert row.endswith("x") and row.count("[") == 3, row

@@ -1,0 +1,117 @@
+"""One big file to fake-gcs-server, sent the ways a checkpoint's file could go: wall time, and the
+CPU of the client and of the server.
+
+- ``resumable``: `storage.gcs_upload.upload`, what a commit sends (one single-request upload,
+  the file read a piece at a time, its CRC32C computed as it goes);
+- ``session + PUT``: what resumable sent before: a resumable-upload session started with
+  google-cloud-storage, then the whole file in one PUT to it, the same pieces;
+- ``gcsfs put_file``: gcsfs' own upload of a local file (resumable, in 50 MB requests);
+- ``floor: one POST from memory``: the same bytes in one single-request upload from memory, no
+  file read, no checksum.
+
+The ways run in rounds, in an order rotated each round; each object is deleted after its round.
+
+    python benchmarks/bench_upload.py                  # 287 MB (bench_save's checkpoint), 5 rounds
+    python benchmarks/bench_upload.py --mb 64 --rounds 1   # the quick version a test runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+# gcsfs' gRPC bucket probe stalls about a minute against an emulator; set before importing it.
+os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+from fake_gcs import fake_gcs_server, point_gcs_clients_at, server_process  # noqa: E402
+
+from resumable.storage import gcs_upload  # noqa: E402
+from resumable.storage.gcs_client import client_for  # noqa: E402
+
+BUCKET = "bench-upload"
+
+
+def process_cpu(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def ways(fs: object, local: Path, data: bytes) -> dict[str, Callable[[str], None]]:
+    gcs = client_for(fs)
+
+    def ours(key: str) -> None:
+        gcs_upload.upload(fs, local, f"{BUCKET}/{key}", before_piece=lambda: None, on_sent=lambda n: None)
+
+    def session_and_put(key: str) -> None:
+        size = local.stat().st_size
+        session = gcs.bucket(BUCKET).blob(key).create_resumable_upload_session(
+            content_type="application/octet-stream", size=size, checksum=None, retry=None)
+        with open(local, "rb") as source:
+            body = gcs_upload._Body(source, size, local, lambda: None, lambda n: None)
+            response = gcs.session.put(session, data=body, headers={
+                "Content-Type": "application/octet-stream", "Content-Range": f"bytes 0-{size - 1}/{size}"})
+        response.raise_for_status()
+
+    def put_file(key: str) -> None:
+        fs.put_file(str(local), f"{BUCKET}/{key}")  # type: ignore[attr-defined]
+
+    def floor(key: str) -> None:
+        response = gcs.session.post(gcs.upload_url(BUCKET, key), data=data,
+                                    headers={"Content-Type": "application/octet-stream"})
+        response.raise_for_status()
+
+    return {"resumable": ours, "session + PUT": session_and_put, "gcsfs put_file": put_file,
+            "floor: one POST from memory": floor}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mb", type=float, default=287, help="the file's size in MB (default 287)")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds (default 5)")
+    args = parser.parse_args(argv)
+    data = os.urandom(int(args.mb * 2**20))
+    with tempfile.TemporaryDirectory(prefix="bench-upload-") as folder, fake_gcs_server() as endpoint:
+        point_gcs_clients_at(endpoint)
+        import gcsfs
+
+        fs = gcsfs.GCSFileSystem(token="anon")
+        fs.mkdir(BUCKET)
+        local = Path(folder) / "model.keras"
+        local.write_bytes(data)
+        server = server_process(endpoint).pid
+        named = ways(fs, local, data)
+        seen: dict[str, list[tuple[float, float, float]]] = {name: [] for name in named}
+        names = list(named)
+        for number in range(args.rounds):
+            for name in names[number % len(names):] + names[:number % len(names)]:
+                key = f"round-{number}/{name.split()[0]}"
+                client, served, started = time.process_time(), process_cpu(server), time.perf_counter()
+                named[name](key)
+                seen[name].append((time.perf_counter() - started, time.process_time() - client,
+                                   process_cpu(server) - served))
+                assert fs.info(f"{BUCKET}/{key}")["size"] == len(data)
+                fs.rm(f"{BUCKET}/{key}")
+    print(f"{args.mb:g} MB to fake-gcs-server on loopback, {args.rounds} rounds in a rotated order: "
+          "median [min-max] seconds")
+    print(f"{'':<30}{'wall':>22}{'client CPU':>22}{'server CPU':>22}{'wall / resumable':>20}")
+    for name, rows in seen.items():
+        cells = []
+        for column in range(3):
+            values = sorted(row[column] for row in rows)
+            cells.append(f"{statistics.median(values):.2f} [{values[0]:.2f}-{values[-1]:.2f}]")
+        ratio = statistics.median(w / r for (w, _, _), (r, _, _) in zip(rows, seen["resumable"], strict=True))
+        print(f"{name:<30}{cells[0]:>22}{cells[1]:>22}{cells[2]:>22}{ratio:>19.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
