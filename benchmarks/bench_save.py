@@ -761,6 +761,12 @@ def target_lines(result: dict[str, Any]) -> list[str]:
             if found:
                 lines.append(f"- {name}: resumable to a local folder / {CONFIGS[peer]}: "
                              f"{spread(found, times)} (target <= 1x: {verdict(found, 1.0)})")
+    for metric, name in (("wait_s", "wait at the end of fit"),
+                         ("last_save_s", "last save, all fit waited for it")):
+        found = ratios(result, "resumable-gcs", metric, "orbax-gcs")
+        if found:
+            lines.append(f"- {name}: resumable to gs:// / {CONFIGS['orbax-gcs']}: {spread(found, times)} "
+                         f"(target <= 1x: {verdict(found, 1.0)})")
     for what, base, target in (("resume+build", "load_model", RESUME_LOCAL_TARGET),
                                ("resume", "load_model", RESUME_LOCAL_TARGET),
                                ("resume-gcs+build", "gcsfs+load", RESUME_GCS_TARGET),
