@@ -6,7 +6,8 @@ checkpoint of weights and two moments), two epochs of a few small batches with
 local folder or, with ``--gcs``, to ``gs://`` on a fake-gcs-server. Weights over
 ``--max-shard-size`` GiB (default 1, the callback's default) are written in shards, moved four
 at a time. Reports the time training was blocked per save, the checkpoint's size and files, the
-peak RSS above the baseline taken at the start of each save and of each resume, and the resume
+peak RSS above the baseline taken at the start of each save and of each resume (after Keras and
+its backend are imported: TensorFlow's import alone is 0.6 GB), and the resume
 times (each in a fresh process) against plain Keras reading the same checkpoint: its
 ``load_model`` of the ``.keras`` file or, for shards, ``model_from_json`` and ``load_weights``
 of ``model.weights.json`` (from ``gs://``: after a gcsfs ``get`` of the folder), and against
@@ -61,7 +62,11 @@ def build_model(params: float) -> Any:
 
 
 def load_once(args: argparse.Namespace) -> int:
-    """Time one load of the run's newest checkpoint in this fresh process; print seconds and MB."""
+    """Time one load of the run's newest checkpoint in this fresh process; print seconds and MB
+    (the peak over the resident set once Keras and its backend are imported: what the load
+    itself holds, as tests/keras/test_resume_memory.py measures it)."""
+    import keras  # noqa: F401  (its backend with it)
+
     import resumable
 
     latest = resumable.RunStorage(args.folder).latest()
