@@ -165,18 +165,18 @@ def test_a_load_while_a_snapshot_is_unwritten_leaves_the_snapshot_its_values(
 
 @pytest.fixture
 def aligned_reads(monkeypatch: pytest.MonkeyPatch) -> list[np.ndarray]:
-    """Every value counts as big (read aligned, `stores.aligned_read`); the arrays read, in order."""
-    from resumable.keras.compat import stores
+    """Every value counts as big (read aligned, `in_place_reads.aligned_read`); the arrays read, in order."""
+    from resumable.keras.compat import in_place_reads
 
-    monkeypatch.setattr(stores, "ALIGNED_FROM_BYTES", 1)
+    monkeypatch.setattr(in_place_reads, "ALIGNED_FROM_BYTES", 1)
     read: list[np.ndarray] = []
-    aligned_read = stores.aligned_read
+    aligned_read = in_place_reads.aligned_read
 
     def recorded(dataset: object) -> np.ndarray:
         read.append(aligned_read(dataset))
         return read[-1]
 
-    monkeypatch.setattr(stores, "aligned_read", recorded)
+    monkeypatch.setattr(in_place_reads, "aligned_read", recorded)
     return read
 
 
@@ -203,9 +203,9 @@ def test_on_jax_a_loaded_model_trains_as_one_loaded_by_keras(tmp_path: Path,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """Variables whose buffers are the arrays read train on bit for bit as Keras' copies do
     (the step's donated buffers never write into them)."""
-    from resumable.keras.compat import stores
+    from resumable.keras.compat import in_place_reads
 
-    monkeypatch.setattr(stores, "ALIGNED_FROM_BYTES", 1)
+    monkeypatch.setattr(in_place_reads, "ALIGNED_FROM_BYTES", 1)
     saved = trained_model(15)
     saved.save_weights(str(tmp_path / "model.weights.h5"))
     ours, keras_own = trained_model(16), trained_model(16)
@@ -229,9 +229,9 @@ def test_on_jax_a_dataset_handed_to_assign_is_read_in_full(aligned_from: int, tm
     smaller one left to Keras' assign, each as stored."""
     import h5py
 
-    from resumable.keras.compat import stores
+    from resumable.keras.compat import in_place_reads
 
-    monkeypatch.setattr(stores, "ALIGNED_FROM_BYTES", aligned_from)
+    monkeypatch.setattr(in_place_reads, "ALIGNED_FROM_BYTES", aligned_from)
 
     model = trained_model(18)
     kernel = model.layers[0].kernel
@@ -246,7 +246,7 @@ def test_on_jax_a_dataset_handed_to_assign_is_read_in_full(aligned_from: int, tm
 def test_big_values_are_read_aligned_and_whole(tmp_path: Path, aligned_reads: list[np.ndarray]) -> None:
     """On every backend, values of ``ALIGNED_FROM_BYTES`` or more (here all) come from the store
     in 64-byte aligned buffers, bit for bit (Keras 3.8 and 3.9 hand out the datasets instead)."""
-    from resumable.keras.compat import stores
+    from resumable.keras.compat import in_place_reads
 
     saved = trained_model(20)
     saved.save_weights(str(tmp_path / "model.weights.h5"))
@@ -256,7 +256,7 @@ def test_big_values_are_read_aligned_and_whole(tmp_path: Path, aligned_reads: li
                           loaded.variables + loaded.optimizer.variables, strict=True))
     for before, after in everything:
         assert np.array_equal(numpy(before), numpy(after)), after.path
-    assert all(array.ctypes.data % stores.ALIGNMENT == 0 for array in aligned_reads)
+    assert all(array.ctypes.data % in_place_reads.ALIGNMENT == 0 for array in aligned_reads)
     if tuple(int(part) for part in keras.version().split(".")[:2]) >= (3, 10):
         # every array of the model (the first load in a process also reads compat's probe)
         assert len(aligned_reads) >= sum(1 for _, after in everything if len(after.shape))
@@ -264,24 +264,24 @@ def test_big_values_are_read_aligned_and_whole(tmp_path: Path, aligned_reads: li
 
 @pytest.fixture
 def unread_reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Every value counts as big on TensorFlow (handed out unread, `stores.UnreadValue`); the
+    """Every value counts as big on TensorFlow (handed out unread, `in_place_reads.UnreadValue`); the
     addresses of the buffers each was read into. Reading one whole (``np.asarray``) fails the test."""
-    from resumable.keras.compat import stores
+    from resumable.keras.compat import in_place_reads
 
     compat.sharding_works()  # its probe reads its values whole, once per process: before they are refused
-    monkeypatch.setattr(stores, "UNREAD_FROM_BYTES", 1)
+    monkeypatch.setattr(in_place_reads, "UNREAD_FROM_BYTES", 1)
     buffers: list[int] = []
-    read_direct = stores.UnreadValue.read_direct
+    read_direct = in_place_reads.UnreadValue.read_direct
 
-    def recorded(value: stores.UnreadValue, buffer: np.ndarray) -> None:
+    def recorded(value: in_place_reads.UnreadValue, buffer: np.ndarray) -> None:
         buffers.append(buffer.ctypes.data)
         read_direct(value, buffer)
 
-    def refused(value: stores.UnreadValue, dtype: object = None, copy: object = None) -> np.ndarray:
+    def refused(value: in_place_reads.UnreadValue, dtype: object = None, copy: object = None) -> np.ndarray:
         raise AssertionError(f"{value._name} was read whole, not into its variable's buffer")
 
-    monkeypatch.setattr(stores.UnreadValue, "read_direct", recorded)
-    monkeypatch.setattr(stores.UnreadValue, "__array__", refused)
+    monkeypatch.setattr(in_place_reads.UnreadValue, "read_direct", recorded)
+    monkeypatch.setattr(in_place_reads.UnreadValue, "__array__", refused)
     return buffers
 
 
@@ -358,9 +358,9 @@ class KeepsItsValue(keras.layers.Layer):
 @pytest.mark.parametrize("layout", ["one file", "shards"])
 def test_a_value_a_layer_keeps_is_read_before_its_file_closes(layout: str, tmp_path: Path,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    from resumable.keras.compat import stores
+    from resumable.keras.compat import in_place_reads
 
-    monkeypatch.setattr(stores, "UNREAD_FROM_BYTES", 1)
+    monkeypatch.setattr(in_place_reads, "UNREAD_FROM_BYTES", 1)
 
     def model() -> keras.Model:
         built = keras.Sequential([keras.Input((4,)), KeepsItsValue(), keras.layers.Dense(2)])
@@ -380,5 +380,5 @@ def test_a_value_a_layer_keeps_is_read_before_its_file_closes(layout: str, tmp_p
         for shard in tmp_path.glob("model_*.weights.h5"):
             shard.unlink()  # a later prune: the kept value must not need its file
     kept = loaded.layers[0].kept
-    assert isinstance(kept, stores.UnreadValue)
+    assert isinstance(kept, in_place_reads.UnreadValue)
     assert np.array_equal(np.asarray(kept), np.arange(20, dtype="float32").reshape(4, 5))

@@ -75,7 +75,7 @@ def test_a_resume_peaks_at_most_1_3x_the_checkpoint(backend: str, where: str, tm
 def test_a_variable_a_third_of_the_checkpoint_is_never_held_beside_the_model(backend: str,
                                                                             tmp_path: Path) -> None:
     """Its 256 MiB kernel and Adam slots are read straight into their variables' buffers
-    (TensorFlow), or once the variable's old array is let go (JAX; `stores.UnreadValue`), and on
+    (TensorFlow), or once the variable's old array is let go (JAX; `in_place_reads.UnreadValue`), and on
     JAX a model built from the checkpoint's config draws no initial values (`deferred_init`).
     Before: 1.34x on TensorFlow, 1.45x on JAX, the biggest value beside the model and JAX's
     initializer's temporaries. With ``build_model`` the peak is that function's own: a resume

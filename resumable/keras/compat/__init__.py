@@ -20,8 +20,9 @@ unknown Keras costs exactness or speed, never a save or a resume. Callers write
 - `variables` (trainable-only checkpoints and LoRA): ``Layer._layers``, ``_flatten_layers``,
   ``_trainable_variables``, ``_non_trainable_variables``.
 - `saving_lib`, `stores`, `saving` (snapshots written in the background), `loading` (fast
-  loads) and `probing`: ``keras.src.saving.saving_lib``'s ``_save_state``, ``_load_state``,
-  ``_raise_loading_failure``, ``_serialize_model_as_json``, ``_model_from_config``,
+  loads), `in_place_reads` (its store's reads) and `probing`: ``keras.src.saving.saving_lib``'s
+  ``_save_state``, ``_load_state``, ``_raise_loading_failure``, ``_serialize_model_as_json``,
+  ``_model_from_config``,
   ``H5IOStore`` (``make``, ``__setitem__``, ``_get_h5_file``; an entry object from ``make`` in
   Keras 3.8 and 3.9; for reads, ``__getitem__`` and its ``_h5_entry_group``),
   ``ShardedH5IOStore`` (``_get_h5_file``), ``DiskIOStore``;

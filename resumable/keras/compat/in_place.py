@@ -18,7 +18,7 @@ from typing import Any
 import keras
 import numpy as np
 
-from resumable.keras.compat import stores
+from resumable.keras.compat import in_place_reads
 from resumable.manager.storage_names import give_heap_back
 
 GIVE_BACK_BYTES = 16 * 2**20  # read between two gives of the heap's freed memory back to the system
@@ -28,15 +28,15 @@ GIVE_BACK_BYTES = 16 * 2**20  # read between two gives of the heap's freed memor
 def assigned_in_place(model: Any) -> Iterator[None]:
     """While a load of weights into ``model`` runs: each of its variables (its optimizer's
     included) assigned a value read from the weights file (a NumPy array; an h5py dataset in
-    Keras 3.8 and 3.9; a `stores.UnreadValue`) costs at most that value beside the model, not
+    Keras 3.8 and 3.9; a `in_place_reads.UnreadValue`) costs at most that value beside the model, not
     also a second copy.
 
     - JAX arrays cannot be written in place: the variable's old array is let go before Keras'
       assign makes the new one, and before a big value (handed over unread) is read. On the
       CPU a big value's new array is the array read, not a copy: it is read into an aligned
-      buffer (`stores.aligned_read`), which JAX takes as it is. Where Keras' assign copies (a
+      buffer (`in_place_reads.aligned_read`), which JAX takes as it is. Where Keras' assign copies (a
       smaller value, another device), the copy is waited for before the next value is read.
-    - TensorFlow: the value is read (a big one, left unread by the store: `stores.UnreadValue`)
+    - TensorFlow: the value is read (a big one, left unread by the store: `in_place_reads.UnreadValue`)
       or copied straight into the buffer the variable already has on the CPU, where Keras'
       assign would first make a tensor of it (a second copy), then copy that in. A big value
       then costs nothing beside the model. Only where two reads of the variable show the same
@@ -87,7 +87,7 @@ def _variables_of(model: Any) -> list[Any]:
 
 def _assign_in_place(variable: Any, value: Any) -> Any:
     if not _plain_value(variable, value) or not isinstance(getattr(variable, "_value", None), _jax_array()):
-        if isinstance(value, stores.UnreadValue):
+        if isinstance(value, in_place_reads.UnreadValue):
             value = np.asarray(value)
         return type(variable).assign(variable, value)
     _count_read(value.nbytes)
@@ -95,7 +95,8 @@ def _assign_in_place(variable: Any, value: Any) -> Any:
     # exists, not after. Meanwhile it reads as not yet initialized, as Keras' own do.
     variable._value = None
     if not isinstance(value, np.ndarray):  # unread (an h5py dataset in Keras 3.8 and 3.9): read now
-        value = stores.aligned_read(value) if value.nbytes >= stores.ALIGNED_FROM_BYTES else np.asarray(value)
+        big = value.nbytes >= in_place_reads.ALIGNED_FROM_BYTES
+        value = in_place_reads.aligned_read(value) if big else np.asarray(value)
     assigned = type(variable).assign(variable, value)
     # The copy runs asynchronously, holding the value read: done before the next read.
     getattr(variable._value, "block_until_ready", lambda: None)()
@@ -106,7 +107,7 @@ def _write_into_buffer(variable: Any, value: Any) -> Any:
     writable = _plain_value(variable, value) and value.ndim and not _snapshot_views
     buffer = _own_buffer(variable._value) if writable else None
     if buffer is None:
-        if isinstance(value, stores.UnreadValue):
+        if isinstance(value, in_place_reads.UnreadValue):
             value = np.asarray(value)  # read whole, as Keras' own store reads
         return type(variable).assign(variable, value)
     _count_read(value.nbytes)
@@ -164,7 +165,7 @@ def _plain_value(variable: Any, value: Any) -> bool:
     import h5py
     from keras.src.backend.common.stateless_scope import in_stateless_scope
 
-    if not isinstance(value, np.ndarray | h5py.Dataset | stores.UnreadValue) or in_stateless_scope():
+    if not isinstance(value, np.ndarray | h5py.Dataset | in_place_reads.UnreadValue) or in_stateless_scope():
         return False
     if getattr(variable, "_layout", None) is not None or value.dtype.kind not in "fiub":
         return False

@@ -5,7 +5,7 @@ Keras lacks the internals or they misbehave (`sharding_works`, `_loading_works`)
 
 Reaches ``saving_lib._load_state``, ``_raise_loading_failure``, ``_model_from_config``,
 ``H5IOStore``, ``ShardedH5IOStore._get_h5_file`` and ``DiskIOStore``. Weights are read
-through `stores.in_place_store`: a JAX variable on the CPU takes each big array as it was read,
+through `in_place_reads.in_place_store`: a JAX variable on the CPU takes each big array as it was read,
 a TensorFlow one reads it into its own buffer. A model built from its config for a load skips
 its initializers on JAX (`deferred_init`).
 """
@@ -23,9 +23,10 @@ import keras
 
 from resumable.keras.compat.deferred_init import initial_values_deferred
 from resumable.keras.compat.in_place import assigned_in_place
+from resumable.keras.compat.in_place_reads import in_place_store, keep_unread
 from resumable.keras.compat.probing import probe, probe_class
 from resumable.keras.compat.saving_lib import keras_saving_lib, sharded_store
-from resumable.keras.compat.stores import in_place_store, keep_unread, new_recorder, write_sharded_weights
+from resumable.keras.compat.stores import new_recorder, write_sharded_weights
 
 
 def load_weights_from(model: keras.Model, file: Any) -> bool:
