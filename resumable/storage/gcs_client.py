@@ -7,8 +7,7 @@ through the `GcsClient` built here, once per filesystem, with the filesystem's e
 project and requester-pays billing (``userProject``).
 
 Public API relied on: ``google.cloud.storage.Client(project, credentials, client_options)``,
-``Client.bucket(name, user_project)``, ``Client.api_endpoint`` (2.15+),
-``google.auth.transport.requests.AuthorizedSession``,
+``Client.bucket(name, user_project)``, ``google.auth.transport.requests.AuthorizedSession``,
 ``google.auth.credentials.AnonymousCredentials``; from fsspec/gcsfs: ``fs.storage_options``,
 ``fs.requester_pays``, ``fs.project``, ``fs.split_path``, ``fsspec.asyn.sync``. What gcsfs does
 not offer publicly is read in `_gcsfs_settings` only.
@@ -33,22 +32,12 @@ class GcsClient:
     """The client, an HTTP session with the same credentials, and how to tell zonal buckets."""
 
     client: Client
-    session: AuthorizedSession  # sends an upload's streamed body, which the client cannot stream
+    session: AuthorizedSession  # sends a resumable upload's body, which the client cannot stream
     user_project: str | None  # billed for requester-pays buckets
     is_zonal: Callable[[str], bool]  # buckets that take no JSON-API uploads (written over gRPC)
 
     def bucket(self, name: str) -> Bucket:
         return self.client.bucket(name, user_project=self.user_project)
-
-    def upload_url(self, bucket: str, key: str) -> str:
-        """Where a single-request upload of object ``key`` into ``bucket`` is sent (the JSON API's
-        ``uploadType=media``, billed to the user project of a requester-pays bucket)."""
-        from urllib.parse import quote, urlencode
-
-        query = {"uploadType": "media", "name": key}
-        if self.user_project:
-            query["userProject"] = self.user_project
-        return f"{self.client.api_endpoint}/upload/storage/v1/b/{quote(bucket, safe='')}/o?{urlencode(query)}"
 
     def blob(self, fs: Any, path: str) -> Blob:
         """The object at gcsfs path ``bucket/key`` (any generation in the path is ignored)."""

@@ -77,16 +77,15 @@ def assert_three_whole(bucket: str, tmp_path: Path) -> None:
 
 
 FAULTS = {
-    "reset-mid-upload": [Rule("reset", match="uploadType=media", method="POST", nth=2, times=1)],
-    "500-on-upload": [Rule(500, match="uploadType=media", method="POST", nth=1, times=2)],
-    "503-starting-uploads": [Rule(503, match="uploadType=media", nth=2, times=2)],
+    "reset-mid-upload": [Rule("reset", match="upload_id=", method="PUT", nth=2, times=1)],
+    "500-on-upload": [Rule(500, match="upload_id=", method="PUT", nth=1, times=2)],
+    "503-starting-sessions": [Rule(503, match="uploadType=resumable", nth=2, times=2)],
     "429-on-listings": [Rule(429, match="/o?", method="GET", nth=2, times=3)],
     "500-on-manifest-create": [Rule(500, match="uploadType=multipart", nth=1, times=2)],
-    "stall-mid-upload": [Rule("stall", match="uploadType=media", method="POST", nth=2, times=1,
-                              after=256 * 1024, seconds=10)],
+    "stall-mid-upload": [Rule("stall", match="upload_id=", method="PUT", nth=2, times=1, after=256 * 1024,
+                              seconds=10)],
     "lost-answer-of-a-manifest": [Rule("lost-answer", match="uploadType=multipart", nth=2, times=1)],
-    "lost-answer-of-an-upload": [Rule("lost-answer", match="uploadType=media", method="POST", nth=1,
-                                      times=1)],
+    "lost-answer-of-an-upload": [Rule("lost-answer", match="upload_id=", method="PUT", nth=1, times=1)],
 }
 
 

@@ -74,8 +74,8 @@ def test_a_failing_token_refresh_is_one_line_from_every_command(
     assert "Traceback" not in done.stderr
 
 
-def test_a_403_on_upload_is_a_permission_error_naming_no_secret(tmp_path: Path) -> None:
-    """A server refusing the upload; its answer quotes back a URL with a secret in it."""
+def test_a_403_on_upload_is_a_permission_error_without_the_session_url(tmp_path: Path) -> None:
+    """A server refusing the upload session's PUT; its answer quotes the session URL back."""
     import http.server
     import json
     import threading
@@ -87,7 +87,7 @@ def test_a_403_on_upload_is_a_permission_error_naming_no_secret(tmp_path: Path) 
     from resumable.storage.errors import translate
 
     class Refuse(http.server.BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
+        def do_PUT(self) -> None:
             self.rfile.read(int(self.headers.get("Content-Length", 0)))
             body = json.dumps({"error": {"code": 403, "message": f"no write access to {self.path}"}}).encode()
             self.send_response(403)
@@ -101,8 +101,7 @@ def test_a_403_on_upload_is_a_permission_error_naming_no_secret(tmp_path: Path) 
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Refuse)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    # A server's message may echo a URL with a secret in it (a signed one, a session's).
-    session = f"http://127.0.0.1:{server.server_address[1]}/upload?uploadType=media&upload_id=SECRETid"
+    session = f"http://127.0.0.1:{server.server_address[1]}/upload?uploadType=resumable&upload_id=SECRETid"
     local = tmp_path / "one"
     local.write_bytes(b"1")
     try:
