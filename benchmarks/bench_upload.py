@@ -1,18 +1,21 @@
-"""One big file to fake-gcs-server, sent the ways a checkpoint's file could go: wall time, and the
-CPU of the client and of the server.
+"""One big file to fake-gcs-server, sent the ways a checkpoint's file could go: wall time, the
+CPU of the client and of the server, and whether the server answers another request meanwhile.
 
-- ``resumable``: `storage.gcs_upload.upload`, what a commit sends (one single-request upload,
-  the file read a piece at a time, its CRC32C computed as it goes);
-- ``session + PUT``: what resumable sent before: a resumable-upload session started with
-  google-cloud-storage, then the whole file in one PUT to it, the same pieces;
+- ``resumable``: `storage.gcs_upload.upload`, what a commit sends: a resumable-upload session,
+  then the whole file in one PUT, read a piece at a time, its CRC32C computed as it goes;
+- ``single-request upload``: the same pieces in one POST to the JSON API's ``uploadType=media``
+  URL, no session;
 - ``gcsfs put_file``: gcsfs' own upload of a local file (resumable, in 50 MB requests);
 - ``floor: one POST from memory``: the same bytes in one single-request upload from memory, no
   file read, no checksum.
 
 The ways run in rounds, in an order rotated each round; each object is deleted after its round.
+Then, for the two streamed ways, a body is held after its first piece while a listing of the
+bucket is sent: how long the server takes to answer it (a server that reads that body under its
+lock answers nothing else until the body is in).
 
     python benchmarks/bench_upload.py                  # 287 MB (bench_save's checkpoint), 5 rounds
-    python benchmarks/bench_upload.py --mb 64 --rounds 1   # the quick version a test runs
+    python benchmarks/bench_upload.py --mb 9 --rounds 2   # the quick version a test runs
 """
 
 from __future__ import annotations
@@ -22,8 +25,9 @@ import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 # gcsfs' gRPC bucket probe stalls about a minute against an emulator; set before importing it.
@@ -45,32 +49,76 @@ def process_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def ways(fs: object, local: Path, data: bytes) -> dict[str, Callable[[str], None]]:
+class Held:
+    """An upload's body, a piece at a time; ``hold`` keeps it after its first piece until released."""
+
+    def __init__(self, local: Path, hold: threading.Event | None = None) -> None:
+        self.local, self.hold = local, hold
+
+    def __len__(self) -> int:
+        return self.local.stat().st_size
+
+    def __iter__(self) -> Iterator[bytes]:
+        with open(self.local, "rb") as source:
+            while piece := source.read(gcs_upload.PIECE_SIZE):
+                yield piece
+                if self.hold is not None:
+                    self.hold.wait(60)
+
+
+def media_url(fs: object, key: str) -> str:
+    """The single-request upload of ``key`` into the bench's bucket (the JSON API's ``uploadType=media``)."""
+    return f"{client_for(fs).client.api_endpoint}/upload/storage/v1/b/{BUCKET}/o?uploadType=media&name={key}"
+
+
+def ways(fs: object, local: Path, data: bytes, hold: threading.Event | None = None
+         ) -> dict[str, Callable[[str], None]]:
     gcs = client_for(fs)
 
     def ours(key: str) -> None:
-        gcs_upload.upload(fs, local, f"{BUCKET}/{key}", before_piece=lambda: None, on_sent=lambda n: None)
-
-    def session_and_put(key: str) -> None:
+        if hold is None:
+            gcs_upload.upload(fs, local, f"{BUCKET}/{key}", before_piece=lambda: None, on_sent=lambda n: None)
+            return
         size = local.stat().st_size
-        session = gcs.bucket(BUCKET).blob(key).create_resumable_upload_session(
-            content_type="application/octet-stream", size=size, checksum=None, retry=None)
-        with open(local, "rb") as source:
-            body = gcs_upload._Body(source, size, local, lambda: None, lambda n: None)
-            response = gcs.session.put(session, data=body, headers={
-                "Content-Type": "application/octet-stream", "Content-Range": f"bytes 0-{size - 1}/{size}"})
+        session = gcs.bucket(BUCKET).blob(key).create_resumable_upload_session(size=size, retry=None)
+        gcs.session.put(session, data=Held(local, hold),
+                        headers={"Content-Range": f"bytes 0-{size - 1}/{size}"})
+
+    def single_request(key: str) -> None:
+        response = gcs.session.post(media_url(fs, key), data=Held(local, hold),
+                                    headers={"Content-Type": "application/octet-stream"})
         response.raise_for_status()
 
     def put_file(key: str) -> None:
         fs.put_file(str(local), f"{BUCKET}/{key}")  # type: ignore[attr-defined]
 
     def floor(key: str) -> None:
-        response = gcs.session.post(gcs.upload_url(BUCKET, key), data=data,
+        response = gcs.session.post(media_url(fs, key), data=data,
                                     headers={"Content-Type": "application/octet-stream"})
         response.raise_for_status()
 
-    return {"resumable": ours, "session + PUT": session_and_put, "gcsfs put_file": put_file,
+    return {"resumable": ours, "single-request upload": single_request, "gcsfs put_file": put_file,
             "floor: one POST from memory": floor}
+
+
+def answered_meanwhile(fs: object, local: Path, data: bytes, endpoint: str, name: str) -> str:
+    """How long a listing sent while ``name``'s body is held after its first piece waits for its answer."""
+    import requests
+
+    hold = threading.Event()
+    upload = threading.Thread(target=ways(fs, local, data, hold)[name], args=(f"held/{name.split()[0]}",))
+    upload.start()
+    time.sleep(1)  # the first piece is on its way
+    started = time.perf_counter()
+    try:
+        requests.get(f"{endpoint}/storage/v1/b/{BUCKET}/o", timeout=5).raise_for_status()
+        answer = f"answered in {time.perf_counter() - started:.2f} s"
+    except requests.Timeout:
+        answer = "no answer in 5 s: the server waits for the held body"
+    finally:
+        hold.set()
+        upload.join()
+    return answer
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -100,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
                                    process_cpu(server) - served))
                 assert fs.info(f"{BUCKET}/{key}")["size"] == len(data)
                 fs.rm(f"{BUCKET}/{key}")
+        meanwhile = {name: answered_meanwhile(fs, local, data, endpoint, name)
+                     for name in ("resumable", "single-request upload")}
     print(f"{args.mb:g} MB to fake-gcs-server on loopback, {args.rounds} rounds in a rotated order: "
           "median [min-max] seconds")
     print(f"{'':<30}{'wall':>22}{'client CPU':>22}{'server CPU':>22}{'wall / resumable':>20}")
@@ -110,6 +160,9 @@ def main(argv: list[str] | None = None) -> int:
             cells.append(f"{statistics.median(values):.2f} [{values[0]:.2f}-{values[-1]:.2f}]")
         ratio = statistics.median(w / r for (w, _, _), (r, _, _) in zip(rows, seen["resumable"], strict=True))
         print(f"{name:<30}{cells[0]:>22}{cells[1]:>22}{cells[2]:>22}{ratio:>19.2f}x")
+    print("a listing sent while a body is held after its first piece:")
+    for name, answer in meanwhile.items():
+        print(f"  {name}: {answer}")
     return 0
 
 
