@@ -6,8 +6,8 @@ CPU of the client and of the server, and whether the server answers another requ
 - ``single-request upload``: the same pieces in one POST to the JSON API's ``uploadType=media``
   URL, no session;
 - ``gcsfs put_file``: gcsfs' own upload of a local file (resumable, in 50 MB requests);
-- ``floor: one POST from memory``: the same bytes in one single-request upload from memory, no
-  file read, no checksum.
+- the floors, the same bytes from memory, no file read, no checksum: ``a session, one PUT`` (what
+  resumable sends) and ``one POST`` (a single-request upload).
 
 The ways run in rounds, in an order rotated each round; each object is deleted after its round.
 Then, for the two streamed ways, a body is held after its first piece while a listing of the
@@ -97,8 +97,14 @@ def ways(fs: object, local: Path, data: bytes, hold: threading.Event | None = No
                                     headers={"Content-Type": "application/octet-stream"})
         response.raise_for_status()
 
+    def session_floor(key: str) -> None:
+        session = gcs.bucket(BUCKET).blob(key).create_resumable_upload_session(size=len(data), retry=None)
+        response = gcs.session.put(session, data=data,
+                                   headers={"Content-Range": f"bytes 0-{len(data) - 1}/{len(data)}"})
+        response.raise_for_status()
+
     return {"resumable": ours, "single-request upload": single_request, "gcsfs put_file": put_file,
-            "floor: one POST from memory": floor}
+            "floor: a session, one PUT from memory": session_floor, "floor: one POST from memory": floor}
 
 
 def answered_meanwhile(fs: object, local: Path, data: bytes, endpoint: str, name: str) -> str:
@@ -152,14 +158,14 @@ def main(argv: list[str] | None = None) -> int:
                      for name in ("resumable", "single-request upload")}
     print(f"{args.mb:g} MB to fake-gcs-server on loopback, {args.rounds} rounds in a rotated order: "
           "median [min-max] seconds")
-    print(f"{'':<30}{'wall':>22}{'client CPU':>22}{'server CPU':>22}{'wall / resumable':>20}")
+    print(f"{'':<38}{'wall':>22}{'client CPU':>22}{'server CPU':>22}{'wall / resumable':>20}")
     for name, rows in seen.items():
         cells = []
         for column in range(3):
             values = sorted(row[column] for row in rows)
             cells.append(f"{statistics.median(values):.2f} [{values[0]:.2f}-{values[-1]:.2f}]")
         ratio = statistics.median(w / r for (w, _, _), (r, _, _) in zip(rows, seen["resumable"], strict=True))
-        print(f"{name:<30}{cells[0]:>22}{cells[1]:>22}{cells[2]:>22}{ratio:>19.2f}x")
+        print(f"{name:<38}{cells[0]:>22}{cells[1]:>22}{cells[2]:>22}{ratio:>19.2f}x")
     print("a listing sent while a body is held after its first piece:")
     for name, answer in meanwhile.items():
         print(f"  {name}: {answer}")
