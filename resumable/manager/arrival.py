@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from types import TracebackType
 
-from resumable.manager.background import Worker
+from resumable.manager.background import Worker, wait_for
 
 Fetch = Callable[[Callable[[str], None]], Path]  # fetch(landed) -> the folder, all files checked
 
@@ -62,7 +62,7 @@ class Arrival:
     def _wait(self, ready: Callable[[], bool]) -> None:
         """Until ``ready()``; raises the fetch's error if it failed first."""
         with self._changed:
-            self._changed.wait_for(lambda: ready() or self._done or self._worker.error is not None)
+            wait_for(self._changed, lambda: ready() or self._done or self._worker.error is not None)
             error = self._worker.error
             if not ready() and error is not None:
                 raise error
@@ -72,7 +72,7 @@ class Arrival:
         with self._changed:
             self._closing = True
         with self._changed:  # the fetch's error is its waiters', not close()'s
-            self._changed.wait_for(self._worker.idle)
+            wait_for(self._changed, self._worker.idle)
 
     def __enter__(self) -> Arrival:
         return self

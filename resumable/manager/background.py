@@ -13,7 +13,8 @@ run before the hooks that close gcsfs' HTTP sessions (weakref finalizers). A non
 would be joined (silently) before atexit runs, and would keep a notebook kernel's shutdown waiting.
 
 Used by `Uploader` (checkpoints), `FileWriter` (ModelCheckpoint's files) and `Arrival` (a
-checkpoint's files coming down).
+checkpoint's files coming down). Whoever waits for them waits with `wait_for`, which a Ctrl-C
+interrupts.
 """
 
 from __future__ import annotations
@@ -21,11 +22,30 @@ from __future__ import annotations
 import atexit
 import sys
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
 J = TypeVar("J")
+
+# A waiting thread wakes this often to look at the signals that came meanwhile. CPython runs a
+# signal's handler in the main thread, but a SIGINT the kernel hands to another thread does not
+# wake the main thread from a lock it blocks on: Ctrl-C in a cell that waits for an upload would
+# do nothing until the upload lands.
+SIGNAL_POLL = 0.25
+
+
+def wait_for(cond: threading.Condition, predicate: Callable[[], bool], timeout: float | None = None) -> bool:
+    """``cond.wait_for(predicate, timeout)`` (``cond`` held), waking every `SIGNAL_POLL` seconds so
+    that a KeyboardInterrupt is raised at once, whichever thread the signal reached."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while not predicate():
+        left = SIGNAL_POLL if deadline is None else min(SIGNAL_POLL, deadline - time.monotonic())
+        if left <= 0:
+            return False
+        cond.wait(left)
+    return True
 
 
 class Worker(Generic[J]):
@@ -88,7 +108,7 @@ class Worker(Generic[J]):
         """
         with self.cond:
             if replaces is not None:
-                self.cond.wait_for(lambda: self.waiting is None or replaces(self.waiting))
+                wait_for(self.cond, lambda: self.waiting is None or replaces(self.waiting))
             replaced, self.waiting = self.waiting, job
             self.wake()
             return replaced
@@ -106,7 +126,7 @@ class Worker(Generic[J]):
         """Block until nothing is in flight or waiting; then raise the first error a job raised
         (once: it is cleared). Returns False when ``timeout`` seconds passed first."""
         with self.cond:
-            done = self.cond.wait_for(lambda: self.in_flight is None and self.waiting is None, timeout)
+            done = wait_for(self.cond, lambda: self.in_flight is None and self.waiting is None, timeout)
             error, self._error = self._error, None
         if error is not None:
             raise error
@@ -174,4 +194,4 @@ def wait_at_exit() -> None:
             print(f"resumable: {e}", file=sys.stderr)
 
 
-__all__ = ["Worker", "wait_at_exit"]
+__all__ = ["Worker", "wait_at_exit", "wait_for"]

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from resumable.core.errors import LeaseLostError
 from resumable.core.manifest import Manifest
-from resumable.manager.background import Worker
+from resumable.manager.background import Worker, wait_for
 from resumable.manager.committed_copy import CommittedCopy
 from resumable.storage import CheckpointInfo, RunStorage
 
@@ -178,7 +178,7 @@ class Uploader:
             if self.when_behind == "wait" and worker.waiting is not None and worker.waiting.name != name:
                 logger.info("resumable: %s waits for the upload of %s (when_behind='wait')", name,
                             worker.waiting.name)
-                self._cond.wait_for(lambda: worker.waiting is None or self._closed)
+                wait_for(self._cond, lambda: worker.waiting is None or self._closed)
                 if self._closed:
                     raise RuntimeError("Uploader.submit after close()")
             in_flight = worker.in_flight
@@ -249,8 +249,11 @@ class Uploader:
         newest job failed (its staged folder is kept; a later submit or wait tries again).
         ``message`` prints what is waited for; defaults to ``verbose``.
         """
-        deadline = None if timeout is None else time.monotonic() + timeout
         worker = self._worker
+
+        def idle() -> bool:
+            return worker.in_flight is None and worker.waiting is None and not self._retry_pending()
+
         with self._cond:
             if self._failed is not None and worker.waiting is None and worker.in_flight is None:
                 self._retry = True
@@ -260,11 +263,8 @@ class Uploader:
                 print(f"resumable: waiting for the upload of {', '.join(names)} to {self.storage.url} ...",
                       file=sys.stderr, flush=True)
             started = time.monotonic()
-            while worker.in_flight is not None or worker.waiting is not None or self._retry_pending():
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    return False
-                self._cond.wait(left)
+            if not wait_for(self._cond, idle, timeout):  # a Ctrl-C interrupts it
+                return False
             error = self._error if self._failed is not None else None
             if error is None and self._lost is not None:
                 error, self._lost = self._lost, None

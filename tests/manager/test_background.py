@@ -164,7 +164,8 @@ def slow(job):
 def waiting(name):
     workers = []
     def at_exit():
-        print("at_exit", name, flush=True)
+        sys.stdout.write(f"at_exit {name}\\n")  # one write, as the jobs' (print writes its parts apart)
+        sys.stdout.flush()
         workers[0].join()
     workers.append(Worker("test-" + name, slow, at_exit=at_exit))
     return workers[0]
@@ -191,3 +192,26 @@ def test_interpreter_exit_waits_for_each_live_worker_once(how: str) -> None:
         assert lines.index("END") > lines.index("landed two")
     else:
         assert lines.index("END") < lines.index("landed one")
+
+
+def test_a_ctrl_c_another_thread_receives_interrupts_a_wait_at_once() -> None:
+    """The kernel may hand a process' SIGINT to any of its threads; CPython runs the handler in
+    the main thread, which a lock it blocks on does not let go: the wait must wake to see it."""
+    import signal
+
+    gate = Gate()
+    worker: Worker[str] = Worker("test-worker", gate.run)
+    worker.submit("a")
+    assert gate.running.wait(10)
+    bystander = threading.Thread(target=time.sleep, args=(2,), name="bystander")
+    bystander.start()
+    threading.Timer(0.3, signal.pthread_kill, (bystander.ident, signal.SIGINT)).start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            worker.join()  # no timeout: only the job's end or the interrupt ends it
+        assert time.monotonic() - started < 2  # at once, not when the job ends (10 s)
+    finally:
+        gate.release.set()
+        bystander.join()
+    assert worker.join(timeout=10)
