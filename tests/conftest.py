@@ -1,9 +1,11 @@
-"""Shared fixtures: a real fake-gcs-server process and one run folder per backend."""
+"""Shared fixtures: a real fake-gcs-server process, one run folder per backend, and Ctrl-C as a
+notebook has it."""
 
 from __future__ import annotations
 
 import os
 import shutil
+import signal
 
 # Before anything imports gcsfs: its gRPC bucket probe stalls ~60 s against an emulator.
 os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"
@@ -89,6 +91,18 @@ def gcs_server() -> Iterator[str]:
         else:
             os.environ[key] = value
     fsspec.config.conf.get("gcs", {}).pop("token", None)
+
+
+@pytest.fixture
+def ctrl_c_as_in_a_notebook() -> Iterator[None]:
+    """SIGINT raising KeyboardInterrupt, as in a notebook or a terminal, even where this test process
+    was started with SIGINT ignored (a background job of a non-interactive shell: resumable then
+    leaves it ignored, on purpose)."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 @pytest.fixture

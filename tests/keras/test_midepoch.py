@@ -235,18 +235,6 @@ def test_an_interrupt_saves_unless_that_step_is_saved(
     assert [c.step for c in RunStorage(url).list()] == steps
 
 
-@pytest.fixture
-def ctrl_c_as_in_a_notebook() -> Iterator[None]:
-    """SIGINT raising KeyboardInterrupt, as in a notebook or a terminal, even where this test process
-    was started with SIGINT ignored (a background job of a non-interactive shell: resumable then
-    leaves it ignored, on purpose)."""
-    before = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, before)
-
-
 class SignalAt(keras.callbacks.Callback):
     """Send this process SIGINT ``times`` times after batch ``batch`` (1-based) of the first epoch."""
 

@@ -194,7 +194,7 @@ def test_interpreter_exit_waits_for_each_live_worker_once(how: str) -> None:
         assert lines.index("END") < lines.index("landed one")
 
 
-def test_a_ctrl_c_another_thread_receives_interrupts_a_wait_at_once() -> None:
+def test_a_ctrl_c_another_thread_receives_interrupts_a_wait_at_once(ctrl_c_as_in_a_notebook: None) -> None:
     """The kernel may hand a process' SIGINT to any of its threads; CPython runs the handler in
     the main thread, which a lock it blocks on does not let go: the wait must wake to see it."""
     import signal
