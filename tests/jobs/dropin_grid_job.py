@@ -3,7 +3,8 @@ next to Keras' own class.
 
     KERAS_BACKEND=jax python tests/jobs/dropin_grid_job.py FOLDER
 
-Each ModelCheckpoint case trains the same small model twice from the same weights, once with
+Each ModelCheckpoint case trains the same small model twice from the same weights (one model,
+reset before each fit: `trainee`), once with
 ``keras.callbacks.ModelCheckpoint`` and once with ``resumable.ModelCheckpoint`` (files in two
 folders), and compares what each printed, the warnings, the files written, and the weights and
 optimizer state in each file. Where Keras refuses an argument resumable takes (``.hdf5`` names,
@@ -105,6 +106,25 @@ def make_model(weights: list[np.ndarray] | None = None) -> keras.Model:
     return model
 
 
+_TRAINEE: list[tuple[keras.Model, list[np.ndarray]]] = []
+
+
+def trainee(weights: list[np.ndarray]) -> keras.Model:
+    """The one compiled model every fit of the grid trains, set to ``weights`` with its optimizer
+    as new: its train step is traced once, where a new model per fit traced about fifty times
+    (most of the grid's time on TensorFlow). A user fitting one model again with other callbacks
+    does the same. Files are loaded into models of their own (`make_model`)."""
+    if not _TRAINEE:
+        model = make_model()
+        model.optimizer.build(model.trainable_variables)
+        _TRAINEE.append((model, [np.array(v) for v in model.optimizer.variables]))
+    model, fresh = _TRAINEE[0]
+    model.set_weights(weights)
+    for variable, value in zip(model.optimizer.variables, fresh, strict=True):
+        variable.assign(value)
+    return model
+
+
 @dataclass
 class Outcome:
     lines: list[str]
@@ -116,7 +136,7 @@ class Outcome:
 def fit_with(callback_class: Any, folder: Path, template: str, kwargs: dict[str, Any], init: list[np.ndarray]
              ) -> Outcome:
     folder.mkdir(parents=True)
-    model = make_model(init)
+    model = trainee(init)
     out = io.StringIO()
     error = None
     with warnings.catch_warnings(record=True) as caught, contextlib.redirect_stdout(out):
@@ -226,7 +246,7 @@ def backup_run(callback_class: Any, folder: Path, kwargs: dict[str, Any], init: 
                ) -> tuple[list[np.ndarray], list[int], bool, list[str]]:
     """Fit 3 epochs interrupted after the second, then fit again: (weights, epochs of the second fit,
     whether the backup folder is left, lines printed)."""
-    model = make_model(init)
+    model = trainee(init)
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         callback = callback_class(str(folder), **kwargs)
@@ -268,7 +288,7 @@ def run_grid(folder: Path) -> dict[str, Any]:
     mismatches: list[str] = []
     for i, case in enumerate(MODEL_CHECKPOINT_CASES):
         mismatches += compare_model_checkpoint(case, folder / f"mc-{i}", init)
-    never_stopped = make_model(init)
+    never_stopped = trainee(init)
     never_stopped.fit(X, Y, **{**FIT, "epochs": 3})
     reference = never_stopped.get_weights()
     for i, kwargs in enumerate(BACKUP_CASES):
