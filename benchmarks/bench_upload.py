@@ -7,7 +7,9 @@ CPU of the client and of the server, and whether the server answers another requ
   URL, no session;
 - ``gcsfs put_file``: gcsfs' own upload of a local file (resumable, in 50 MB requests);
 - the floors, the same bytes from memory, no file read, no checksum: ``a session, one PUT`` (what
-  resumable sends) and ``one POST`` (a single-request upload).
+  resumable sends), ``one POST`` (a single-request upload), and ``4 sessions at once, composed``
+  (a parallel composite upload: a quarter of the bytes in each of four concurrent sessions, then
+  one ``compose`` into the object; the parts are deleted after the round, off its clock).
 
 The ways run in rounds, in an order rotated each round; each object is deleted after its round.
 Then, for the two streamed ways, a body is held after its first piece while a listing of the
@@ -40,6 +42,8 @@ from resumable.storage import gcs_upload  # noqa: E402
 from resumable.storage.gcs_client import client_for  # noqa: E402
 
 BUCKET = "bench-upload"
+PARTS = 4  # the composed floor's parts, each sent in a session of its own, all at once
+COMPOSED_PARTS: list[str] = []  # the composed floor's parts, deleted after its round
 
 
 def process_cpu(pid: int) -> float:
@@ -97,14 +101,29 @@ def ways(fs: object, local: Path, data: bytes, hold: threading.Event | None = No
                                     headers={"Content-Type": "application/octet-stream"})
         response.raise_for_status()
 
-    def session_floor(key: str) -> None:
-        session = gcs.bucket(BUCKET).blob(key).create_resumable_upload_session(size=len(data), retry=None)
-        response = gcs.session.put(session, data=data,
-                                   headers={"Content-Range": f"bytes 0-{len(data) - 1}/{len(data)}"})
+    def composed_floor(key: str) -> None:
+        parts = [f"{key}.part-{i}" for i in range(PARTS)]
+        step = -(-len(data) // PARTS)
+        senders = [threading.Thread(target=session_put, args=(part, data[i * step:(i + 1) * step]))
+                   for i, part in enumerate(parts)]
+        for sender in senders:
+            sender.start()
+        for sender in senders:
+            sender.join()
+        bucket = gcs.bucket(BUCKET)
+        bucket.blob(key).compose([bucket.blob(part) for part in parts], retry=None)
+        COMPOSED_PARTS.extend(parts)  # deleted after the round, off its clock: a commit could too
+
+    def session_put(key: str, body: bytes) -> None:
+        session = gcs.bucket(BUCKET).blob(key).create_resumable_upload_session(size=len(body), retry=None)
+        response = gcs.session.put(session, data=body,
+                                   headers={"Content-Range": f"bytes 0-{len(body) - 1}/{len(body)}"})
         response.raise_for_status()
 
     return {"resumable": ours, "single-request upload": single_request, "gcsfs put_file": put_file,
-            "floor: a session, one PUT from memory": session_floor, "floor: one POST from memory": floor}
+            "floor: a session, one PUT from memory": lambda key: session_put(key, data),
+            "floor: one POST from memory": floor,
+            f"floor: {PARTS} sessions at once, composed": composed_floor}
 
 
 def answered_meanwhile(fs: object, local: Path, data: bytes, endpoint: str, name: str) -> str:
@@ -153,7 +172,8 @@ def main(argv: list[str] | None = None) -> int:
                 seen[name].append((time.perf_counter() - started, time.process_time() - client,
                                    process_cpu(server) - served))
                 assert fs.info(f"{BUCKET}/{key}")["size"] == len(data)
-                fs.rm(f"{BUCKET}/{key}")
+                fs.rm([f"{BUCKET}/{key}", *(f"{BUCKET}/{part}" for part in COMPOSED_PARTS)])
+                COMPOSED_PARTS.clear()
         meanwhile = {name: answered_meanwhile(fs, local, data, endpoint, name)
                      for name in ("resumable", "single-request upload")}
     print(f"{args.mb:g} MB to fake-gcs-server on loopback, {args.rounds} rounds in a rotated order: "

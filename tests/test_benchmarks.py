@@ -117,7 +117,8 @@ def test_bench_upload_sends_the_file_each_way_and_prints_a_row_each() -> None:
     lines = result.stdout.splitlines()
     assert lines[0].startswith("9 MB to fake-gcs-server on loopback, 2 rounds")
     for way in ("resumable", "single-request upload", "gcsfs put_file",
-                "floor: a session, one PUT from memory", "floor: one POST from memory"):
+                "floor: a session, one PUT from memory", "floor: one POST from memory",
+                "floor: 4 sessions at once, composed"):
         row = next(line for line in lines if line.startswith(way + " "))
         assert row.endswith("x") and row.count("[") == 3, row
     held = lines[lines.index("a listing sent while a body is held after its first piece:") + 1:]
