@@ -43,7 +43,6 @@ from resumable.storage.gcs_client import client_for  # noqa: E402
 
 BUCKET = "bench-upload"
 PARTS = 4  # the composed floor's parts, each sent in a session of its own, all at once
-COMPOSED_PARTS: list[str] = []  # the composed floor's parts, deleted after its round
 
 
 def process_cpu(pid: int) -> float:
@@ -112,7 +111,7 @@ def ways(fs: object, local: Path, data: bytes, hold: threading.Event | None = No
             sender.join()
         bucket = gcs.bucket(BUCKET)
         bucket.blob(key).compose([bucket.blob(part) for part in parts], retry=None)
-        COMPOSED_PARTS.extend(parts)  # deleted after the round, off its clock: a commit could too
+        # the parts are deleted with the object after the round, off its clock: a commit could too
 
     def session_put(key: str, body: bytes) -> None:
         session = gcs.bucket(BUCKET).blob(key).create_resumable_upload_session(size=len(body), retry=None)
@@ -172,8 +171,7 @@ def main(argv: list[str] | None = None) -> int:
                 seen[name].append((time.perf_counter() - started, time.process_time() - client,
                                    process_cpu(server) - served))
                 assert fs.info(f"{BUCKET}/{key}")["size"] == len(data)
-                fs.rm([f"{BUCKET}/{key}", *(f"{BUCKET}/{part}" for part in COMPOSED_PARTS)])
-                COMPOSED_PARTS.clear()
+                fs.rm(fs.glob(f"{BUCKET}/{key}*"))  # the object, and the composed floor's parts
         meanwhile = {name: answered_meanwhile(fs, local, data, endpoint, name)
                      for name in ("resumable", "single-request upload")}
     print(f"{args.mb:g} MB to fake-gcs-server on loopback, {args.rounds} rounds in a rotated order: "
