@@ -67,12 +67,11 @@ def peak_ratios(backend: str, url: str, *model: str, limit: float,
     """Resume the checkpoint at ``url`` with and without ``build_model``: each resume's peak
     growth over the checkpoint's size.
 
-    A peak is timing: this checkpoint's resume on TensorFlow peaked at 1.07 to 1.27x in fifteen
+    A peak is timing: this checkpoint's resume on TensorFlow peaked at 1.07 to 1.27x in two dozen
     tries (from gs:// and from the copy a download left, on a quiet machine and beside two busy
     CPUs) and once at 1.33x in a whole suite; on JAX with build_model at 1.27 to 1.30x (building
-    the model alone: 1.21 to 1.23x). One over its
-    limit is measured once more in a new process and the lower counts: a second copy of the
-    weights, or of the largest variables, is there both times.
+    the model alone: 1.21 to 1.23x). One over its limit is measured once more in a new process and
+    the lower counts: a second copy of the weights, or of the largest variables, is there both times.
     """
     ratios = {}
     for build in (True, False):
