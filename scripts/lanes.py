@@ -8,10 +8,18 @@
 
 A lane is built as a user's Colab is: its pins first (the runtime), then resumable as
 ``pip install keras-resumable`` installs it (a wheel of this checkout, with its dependencies:
-what that adds or changes is printed and kept in ``.lanes/<name>/install-changes.txt``), then the
-test tools, constrained to change nothing installed. A venv is reused while its pins, Python and
-resumable's requirements are the same; resumable itself is reinstalled from a fresh wheel at
-every build. The tests run on the installed package, never on the checkout's sources.
+what that adds or changes is printed and kept in the venv's ``install-changes.txt``), then the
+test tools, constrained to change nothing installed. The tests run on the installed package,
+never on the checkout's sources.
+
+The venvs live outside the checkout, as pip's wheel cache does (``$RESUMABLE_LANES_CACHE``, else
+``~/.cache/resumable-lanes``), one folder per lane and key: the key is a hash of the lane's pins
+(an unpinned one at the version PyPI gives it today), its Python, resumable's requirements and the
+test tools. A fresh clone reuses the venv a previous run on this machine built; a changed key
+builds a new one. resumable itself is always reinstalled from a wheel of the checkout under test.
+A venv is trusted only if its build finished (the stamp is written last) and its files are those
+the build left (names and sizes of every installed file, less bytecode caches); anything else is
+removed and built again.
 
 A lane whose Python is not on this machine is skipped with one line. Exit status: 0 when every
 lane run passed (skipped ones included), 1 when any failed, 2 for bad usage.
@@ -21,14 +29,18 @@ from __future__ import annotations
 
 import argparse
 import configparser
+import contextlib
+import fcntl
 import glob
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,7 +48,10 @@ import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 PINS = ROOT / "requirements" / "lanes.toml"
-LANES_DIR = ROOT / ".lanes"
+LANES_DIR = ROOT / ".lanes"  # the checkout's own: the wheel of this run
+CACHE = Path(os.environ.get("RESUMABLE_LANES_CACHE")
+             or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "resumable-lanes")
+KEEP_PER_LANE = 2  # venvs of one lane kept with other keys (two branches of other pins)
 MARKER = "lanes"  # pytest marker of the tests every lane runs (pyproject.toml)
 SHOW_VERSIONS = """import importlib.metadata as m
 for name in ('keras', 'tensorflow', 'tensorflow-cpu', 'jax', 'torch', 'numpy', 'h5py'):
@@ -57,13 +72,22 @@ class Lane:
     pins: tuple[str, ...]
     may_change: tuple[str, ...] = ()  # pinned packages resumable's install is known to upgrade
 
-    @property
-    def venv(self) -> Path:
-        return LANES_DIR / self.name
+
+@dataclass(frozen=True)
+class Venv:
+    """A lane's venv in the cache, for one key."""
+
+    lane: Lane
+    path: Path
+    reused: bool = False
 
     @property
     def bin(self) -> Path:
-        return self.venv / "bin"
+        return self.path / "bin"
+
+    @property
+    def stamp_file(self) -> Path:
+        return self.path / "lane-stamp.json"
 
 
 def read_lanes(path: Path = PINS) -> tuple[dict[str, Lane], list[str]]:
@@ -103,27 +127,67 @@ def install_requires() -> list[str]:
     return [line.strip() for line in parser["options"]["install_requires"].splitlines() if line.strip()]
 
 
-def stamp(lane: Lane, python: Path, tools: list[str]) -> str:
-    """What a lane's venv was built from: when it changes, the venv is built again from nothing."""
+def resolved_pins(lane: Lane, python: Path) -> tuple[str, ...]:
+    """The lane's pins with each unpinned one at the version pip would install today, so that
+    a new release changes the key and the lane tests the newest (``keras`` -> ``keras==3.15.1``)."""
+    if all("==" in pin for pin in lane.pins):
+        return lane.pins
+    report = subprocess.run([str(python), "-m", "pip", "install", "--dry-run", "--ignore-installed", "-q",
+                             "--disable-pip-version-check", "--report", "-", *lane.pins],
+                            capture_output=True, text=True, check=True).stdout
+    chosen = {_normalized(item["metadata"]["name"]): item["metadata"]["version"]
+              for item in json.loads(report)["install"]}
+    pinned = []
+    for pin in lane.pins:
+        if "==" in pin:
+            pinned.append(pin)
+        else:
+            name = pin.split("[")[0].strip()
+            pinned.append(f"{pin}=={chosen[_normalized(name)]}")
+    return tuple(pinned)
+
+
+def lane_key(lane: Lane, pins: tuple[str, ...], python: Path, tools: list[str]) -> str:
+    """What a lane's venv is built from: when it changes, another venv is built from nothing."""
     version = subprocess.run([str(python), "-c", "import sys; print(sys.version)"], capture_output=True,
                              text=True, check=True).stdout.strip()
-    text = json.dumps([lane.pins, lane.backend, version, install_requires(), tools])
-    return hashlib.sha256(text.encode()).hexdigest()
+    text = json.dumps([pins, lane.backend, version, str(python), install_requires(), tools])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def installed_files(venv: Venv) -> str:
+    """A digest of the name and size of every file the venv's packages installed, less bytecode
+    caches and resumable's own (reinstalled at every run): a file lost, added or cut short
+    since the build changes it."""
+    lib = venv.path / "lib"
+    entries = []
+    for folder, dirs, files in os.walk(lib):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__" and not _is_resumable(d))
+        for name in sorted(files):
+            if _is_resumable(name):
+                continue
+            path = Path(folder) / name
+            entries.append(f"{path.relative_to(lib)}\t{path.lstat().st_size}")
+    return hashlib.sha256("\n".join(entries).encode()).hexdigest()
+
+
+def _is_resumable(name: str) -> bool:
+    return name == "resumable" or name.startswith("keras_resumable")
 
 
 def say(message: str) -> None:
     print(f"lanes: {message}", flush=True)
 
 
-def pip(lane: Lane, *args: str, quiet: bool = True) -> None:
-    command = [str(lane.bin / "python"), "-m", "pip", *(("-q",) if quiet else ()),
+def pip(venv: Venv, *args: str, quiet: bool = True) -> None:
+    command = [str(venv.bin / "python"), "-m", "pip", *(("-q",) if quiet else ()),
                "--disable-pip-version-check", *args]
     subprocess.run(command, check=True)
 
 
-def freeze(lane: Lane) -> dict[str, str]:
-    """``pip freeze`` of the lane as {normalized name: version}."""
-    out = subprocess.run([str(lane.bin / "python"), "-m", "pip", "list", "--format=json",
+def freeze(venv: Venv) -> dict[str, str]:
+    """``pip freeze`` of the venv as {normalized name: version}."""
+    out = subprocess.run([str(venv.bin / "python"), "-m", "pip", "list", "--format=json",
                           "--disable-pip-version-check"], capture_output=True, text=True, check=True).stdout
     return {_normalized(p["name"]): p["version"] for p in json.loads(out)}
 
@@ -159,60 +223,104 @@ def build_wheel() -> Path:
     return wheel
 
 
-def build(lane: Lane, wheel: Path, tools: list[str]) -> bool:
-    """Build (or reuse) the lane's venv with resumable installed from ``wheel``; False when its
-    Python is missing (said in one line)."""
+@contextlib.contextmanager
+def locked(lane: Lane) -> Iterator[None]:
+    """One run at a time builds or tests a lane's venvs on this machine (two CI runs at once)."""
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with open(CACHE / f"{lane.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def trusted(venv: Venv, key: str) -> str | None:
+    """None when the cached venv is whole and built for ``key``, else why it is not."""
+    if not venv.path.exists():
+        return "none built yet"
+    if not venv.stamp_file.is_file():
+        return "its build never finished"
+    try:
+        recorded = json.loads(venv.stamp_file.read_text())
+    except (OSError, ValueError):
+        return "its stamp is unreadable"
+    if recorded.get("key") != key:
+        return "it was built for another key"
+    if not (venv.bin / "python").exists():
+        return "its Python is gone"
+    if recorded.get("files") != installed_files(venv):
+        return "its installed files changed since it was built"
+    return None
+
+
+def build(lane: Lane, wheel: Path, tools: list[str]) -> Venv | None:
+    """The lane's venv with resumable installed from ``wheel``: reused from the cache when it is
+    whole and built for the same key, else built anew; None when its Python is missing (said in
+    one line)."""
     python = find_python(lane.python)
     if python is None:
         say(f"{lane.name}: skipped: Python {lane.python} is not on this machine "
             f"(`pyenv install {lane.python}` or python{lane.python} on PATH)")
-        return False
-    wanted = stamp(lane, python, tools)
-    stamp_file = lane.venv / "lane-stamp"
-    if stamp_file.is_file() and stamp_file.read_text() == wanted:
-        say(f"{lane.name}: reusing {lane.venv.relative_to(ROOT)}; reinstalling resumable from {wheel.name}")
-        pip(lane, "install", "--no-deps", "--force-reinstall", str(wheel))
-        return True
-    say(f"{lane.name}: building {lane.venv.relative_to(ROOT)} with {python} ({lane.title})")
-    shutil.rmtree(lane.venv, ignore_errors=True)
-    subprocess.run([str(python), "-m", "venv", str(lane.venv)], check=True)
-    if lane.pins:
-        pip(lane, "install", *lane.pins)
-    runtime = freeze(lane)
-    (lane.venv / "runtime.txt").write_text("".join(f"{n}=={v}\n" for n, v in sorted(runtime.items())))
-    pip(lane, "install", str(wheel))  # as `pip install keras-resumable`: no upgrade of what satisfies
-    installed = freeze(lane)
+        return None
+    pins = resolved_pins(lane, python)
+    key = lane_key(lane, pins, python, tools)
+    venv = Venv(lane, CACHE / f"{lane.name}-{key}")
+    why = trusted(venv, key)
+    if why is None:
+        say(f"{lane.name}: reusing {venv.path}; reinstalling resumable from {wheel.name}")
+        pip(venv, "install", "--no-deps", "--force-reinstall", str(wheel))
+        return Venv(lane, venv.path, reused=True)
+    say(f"{lane.name}: building {venv.path} ({why}) with {python} ({lane.title})")
+    shutil.rmtree(venv.path, ignore_errors=True)
+    subprocess.run([str(python), "-m", "venv", str(venv.path)], check=True)
+    if pins:
+        pip(venv, "install", *pins)
+    runtime = freeze(venv)
+    (venv.path / "runtime.txt").write_text("".join(f"{n}=={v}\n" for n, v in sorted(runtime.items())))
+    pip(venv, "install", str(wheel))  # as `pip install keras-resumable`: no upgrade of what satisfies
+    installed = freeze(venv)
     changed = [line for line in changes(runtime, installed) if not line.startswith("added keras-resumable ")]
-    (lane.venv / "install-changes.txt").write_text("".join(f"{line}\n" for line in changed))
+    (venv.path / "install-changes.txt").write_text("".join(f"{line}\n" for line in changed))
     shown = "; ".join(changed) if len(changed) <= 8 else (
-        f"{'; '.join(changed[:8])}; ... ({len(changed)} in all: {lane.venv.name}/install-changes.txt)")
+        f"{'; '.join(changed[:8])}; ... ({len(changed)} in all: {venv.path}/install-changes.txt)")
     say(f"{lane.name}: `pip install keras-resumable` " + (f"also: {shown}" if changed else "changed nothing"))
-    pinned = {_normalized(pin.split("==")[0]) for pin in lane.pins if "==" in pin}
+    pinned = {_normalized(pin.split("==")[0].split("[")[0]) for pin in pins if "==" in pin}
     moved = [line for line in changed if not line.startswith("added ") and line.split()[1] in pinned
              and line.split()[1] not in {_normalized(n) for n in lane.may_change}]
     if moved:
         raise SystemExit(f"lanes: {lane.name}: `pip install keras-resumable` changed the runtime's "
                          f"{'; '.join(moved)} (not in the lane's may_change)")
-    constraints = lane.venv / "installed.txt"
+    constraints = venv.path / "installed.txt"
     constraints.write_text("".join(f"{n}=={v}\n" for n, v in sorted(installed.items())
                                    if n != "keras-resumable"))
-    pip(lane, "install", "-c", str(constraints), *tools)
-    moved = changes(installed, {n: v for n, v in freeze(lane).items() if n in installed})
+    pip(venv, "install", "-c", str(constraints), *tools)
+    moved = changes(installed, {n: v for n, v in freeze(venv).items() if n in installed})
     if moved:
         raise SystemExit(f"lanes: {lane.name}: the test tools changed {'; '.join(moved)}")
-    stamp_file.write_text(wanted)
-    return True
+    # Written last: a venv without it is a build that never finished.
+    venv.stamp_file.write_text(json.dumps({"key": key, "pins": pins, "files": installed_files(venv)}))
+    prune(lane, keep=venv.path)
+    return venv
 
 
-def run_tests(lane: Lane, pytest_args: list[str]) -> int:
+def prune(lane: Lane, keep: Path) -> None:
+    """Remove the lane's older venvs, all but the newest KEEP_PER_LANE (``keep`` among them)."""
+    pattern = re.compile(re.escape(lane.name) + r"-[0-9a-f]{16}")
+    others = sorted((p for p in CACHE.iterdir() if pattern.fullmatch(p.name) and p != keep),
+                    key=lambda p: p.stat().st_mtime, reverse=True)
+    for old in others[KEEP_PER_LANE - 1:]:
+        say(f"{lane.name}: removing the older venv {old}")
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def run_tests(venv: Venv, pytest_args: list[str]) -> int:
     """The lane's tests on the installed resumable; pytest's exit status."""
+    lane = venv.lane
     env = {**os.environ, "KERAS_BACKEND": lane.backend, "RESUMABLE_LANE": lane.name}
     env.pop("VIRTUAL_ENV", None)
     env.pop("PYTHONPATH", None)
-    python = str(lane.bin / "python")
+    python = str(venv.bin / "python")
     where = subprocess.run([python, "-P", "-c", "import resumable; print(resumable.__file__)"], cwd=ROOT,
                            env=env, capture_output=True, text=True, check=True).stdout.strip()
-    if not where.startswith(str(lane.venv)):
+    if not where.startswith(str(venv.path)):
         raise SystemExit(f"lanes: {lane.name}: resumable imports from {where}, not the lane's install")
     versions = subprocess.run([python, "-P", "-c", SHOW_VERSIONS], env=env, capture_output=True,
                               text=True).stdout
@@ -267,6 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("command", choices=["list", "build", "run", "refresh"])
     parser.add_argument("lanes", nargs="*", help="lane names (requirements/lanes.toml)")
     parser.add_argument("--all", action="store_true", help="every lane but those the README's command runs")
+    parser.add_argument("--phases", metavar="FILE", help="append the lanes' phases to FILE (.ci/run)")
     args = parser.parse_args(argv)
     lanes, tools = read_lanes()
     if args.command == "refresh":
@@ -287,28 +396,58 @@ def main(argv: list[str] | None = None) -> int:
     chosen = [lane for lane in lanes.values() if lane.tests != "readme"] if args.all else [
         lanes[name] for name in args.lanes]
     wheel = build_wheel() if any(lane.tests != "readme" for lane in chosen) else None
-    results: list[tuple[str, str, float]] = []
+    results: list[Result] = []
     for lane in chosen:
-        started = time.monotonic()
         if lane.tests == "readme":
             if args.command == "build":
                 say(f"{lane.name}: built by the README's test command (.venv), not here")
                 continue
+            started = time.monotonic()
             outcome = "passed" if run_readme(pytest_args) == 0 else "FAILED"
-        else:
-            assert wheel is not None
-            if not build(lane, wheel, tools):
-                results.append((lane.name, "skipped", time.monotonic() - started))
+            results.append(Result(lane.name, outcome, "the README's .venv", 0.0, time.monotonic() - started))
+            continue
+        assert wheel is not None
+        with locked(lane):
+            started = time.monotonic()
+            venv = build(lane, wheel, tools)
+            built = time.monotonic() - started
+            if venv is None:
+                results.append(Result(lane.name, "skipped", "-", built, 0.0))
                 continue
+            state = "reused" if venv.reused else "built"
             if args.command == "build":
-                results.append((lane.name, "built", time.monotonic() - started))
+                results.append(Result(lane.name, "built", state, built, 0.0))
                 continue
-            outcome = "passed" if run_tests(lane, pytest_args) == 0 else "FAILED"
-        results.append((lane.name, outcome, time.monotonic() - started))
-    for name, outcome, seconds in results:
-        say(f"{name:14} {outcome:8} {seconds / 60:5.1f} min")
-    return 1 if any(outcome == "FAILED" for _, outcome, _ in results) else 0
+            started = time.monotonic()
+            outcome = "passed" if run_tests(venv, pytest_args) == 0 else "FAILED"
+            results.append(Result(lane.name, outcome, state, built, time.monotonic() - started))
+    for result in results:
+        say(result.line())
+    if args.phases:
+        with open(args.phases, "a") as table:
+            for result in results:
+                table.write(result.phase_rows())
+    return 1 if any(result.outcome == "FAILED" for result in results) else 0
 
+
+@dataclass(frozen=True)
+class Result:
+    """One lane's run: its outcome, whether its venv was reused, and the minutes of each phase."""
+
+    lane: str
+    outcome: str
+    venv: str  # "reused", "built", or where it is
+    build_s: float
+    tests_s: float
+
+    def line(self) -> str:
+        return (f"{self.lane:14} {self.outcome:8} venv {self.venv:8} build {self.build_s / 60:5.1f} min, "
+                f"tests {self.tests_s / 60:5.1f} min")
+
+    def phase_rows(self) -> str:
+        """Rows of .ci/run's closing table: phase, minutes, venv, outcome (tab-separated)."""
+        return (f"lane {self.lane}: build\t{self.build_s / 60:.1f}\t{self.venv}\t-\n"
+                f"lane {self.lane}: tests\t{self.tests_s / 60:.1f}\t-\t{self.outcome}\n")
 
 if __name__ == "__main__":
     sys.exit(main())

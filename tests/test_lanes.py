@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
 import sys
 from pathlib import Path
 
@@ -53,7 +55,7 @@ def test_a_lane_whose_python_is_missing_is_skipped_in_one_line(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setattr(lanes, "find_python", lambda version: None)
     lane = lanes.Lane("colab-9", "t", "3.99", "s", "jax", "lanes", ())
-    assert lanes.build(lane, tmp_path / "x.whl", []) is False
+    assert lanes.build(lane, tmp_path / "x.whl", []) is None
     out = capsys.readouterr().out.strip().splitlines()
     assert len(out) == 1 and out[0].startswith("lanes: colab-9: skipped: Python 3.99 is not on this machine")
 
@@ -67,3 +69,77 @@ def test_find_python_finds_the_newest_patch_of_a_pyenv_version(
     monkeypatch.setattr(lanes.shutil, "which", lambda name: None)  # no pyenv, no pythonX.Y on PATH
     assert lanes.find_python("3.13") == tmp_path / "versions" / "3.13.10" / "bin" / "python"
     assert lanes.find_python("3.11") is None
+
+
+def fake_venv(root: Path, name: str = "colab-0123456789abcdef") -> lanes.Venv:
+    """A folder shaped as a lane's venv: bin/python and two installed files."""
+    lane = lanes.Lane("colab", "t", "3.13", "s", "tensorflow", "lanes", ("keras==3.13.2",))
+    venv = lanes.Venv(lane, root / name)
+    (venv.bin).mkdir(parents=True)
+    (venv.bin / "python").write_text("")
+    site = venv.path / "lib" / "python3.13" / "site-packages"
+    (site / "keras").mkdir(parents=True)
+    (site / "keras" / "__init__.py").write_text("x = 1\n")
+    (site / "resumable").mkdir()
+    (site / "resumable" / "__init__.py").write_text("")
+    return venv
+
+
+def finish_build(venv: lanes.Venv, key: str) -> None:
+    venv.stamp_file.write_text(json.dumps({"key": key, "files": lanes.installed_files(venv)}))
+
+
+def test_a_cached_venv_is_trusted_only_whole_and_for_its_key(tmp_path: Path) -> None:
+    venv = fake_venv(tmp_path)
+    assert lanes.trusted(venv, "k1") == "its build never finished"  # killed mid-build: no stamp
+    finish_build(venv, "k1")
+    assert lanes.trusted(venv, "k1") is None
+    assert lanes.trusted(venv, "k2") == "it was built for another key"
+    site = venv.path / "lib" / "python3.13" / "site-packages"
+    # What a run writes there, and resumable reinstalled from the checkout, change nothing.
+    (site / "keras" / "__pycache__").mkdir()
+    (site / "keras" / "__pycache__" / "x.pyc").write_text("bytecode")
+    (site / "resumable" / "__init__.py").write_text("a newer resumable")
+    (site / "keras_resumable-9.9.dist-info").mkdir()
+    assert lanes.trusted(venv, "k1") is None
+    (site / "keras" / "__init__.py").write_text("x")  # cut short
+    assert lanes.trusted(venv, "k1") == "its installed files changed since it was built"
+    finish_build(venv, "k1")
+    (site / "keras" / "__init__.py").unlink()  # lost
+    assert lanes.trusted(venv, "k1") == "its installed files changed since it was built"
+    finish_build(venv, "k1")
+    (venv.bin / "python").unlink()
+    assert lanes.trusted(venv, "k1") == "its Python is gone"
+    venv.stamp_file.write_text("{not json")
+    assert lanes.trusted(venv, "k1") == "its stamp is unreadable"
+    assert lanes.trusted(lanes.Venv(venv.lane, tmp_path / "missing"), "k1") == "none built yet"
+
+
+def test_the_key_follows_pins_python_requirements_and_tools(tmp_path: Path) -> None:
+    lane = lanes.Lane("colab", "t", "3.11", "s", "tensorflow", "lanes", ("keras==3.13.2",))
+    python = Path(sys.executable)
+    key = lanes.lane_key(lane, lane.pins, python, ["pytest>=7"])
+    assert len(key) == 16 and key == lanes.lane_key(lane, lane.pins, python, ["pytest>=7"])
+    assert key != lanes.lane_key(lane, ("keras==3.14.0",), python, ["pytest>=7"])
+    assert key != lanes.lane_key(lane, lane.pins, python, ["pytest>=8"])
+    assert lanes.resolved_pins(lane, python) == lane.pins  # all pinned: no look-up
+
+
+def test_prune_keeps_the_newest_venvs_of_the_lane_alone(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(lanes, "CACHE", tmp_path)
+    names = ["colab-000000000000000a", "colab-000000000000000b", "colab-000000000000000c",
+             "colab-tpu-000000000000000d", "colab-notes"]
+    for age, name in enumerate(names):
+        (tmp_path / name).mkdir()
+        os.utime(tmp_path / name, (1000 + age, 1000 + age))
+    lane = lanes.Lane("colab", "t", "3.13", "s", "tensorflow", "lanes", ())
+    lanes.prune(lane, keep=tmp_path / "colab-000000000000000a")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "colab-000000000000000a", "colab-000000000000000c", "colab-notes", "colab-tpu-000000000000000d"]
+
+
+def test_ci_runs_the_readmes_test_command_verbatim() -> None:
+    readme = (ROOT / "README.md").read_text()
+    command = next(line for line in readme.splitlines() if "python -m pytest" in line and "venv" in line)
+    assert command in (ROOT / ".ci" / "run").read_text()
