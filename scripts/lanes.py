@@ -4,6 +4,7 @@
     python3 scripts/lanes.py build colab-tpu         # build (or reuse) one lane's venv
     python3 scripts/lanes.py run colab-tpu [-- PYTEST ARGS]   # build it, then run its tests
     python3 scripts/lanes.py run --all               # every lane but those the README's command runs
+    python3 scripts/lanes.py run --all --jobs 1      # one lane at a time (default: two at once)
     python3 scripts/lanes.py refresh colab FREEZE    # the lane's pins at a pip-freeze file's versions
 
 A lane is built as a user's Colab is: its pins first (the runtime), then resumable as
@@ -20,6 +21,11 @@ builds a new one. resumable itself is always reinstalled from a wheel of the che
 A venv is trusted only if its build finished (the stamp is written last) and its files are those
 the build left (names and sizes of every installed file, less bytecode caches); anything else is
 removed and built again.
+
+Several lanes run at once (``--jobs``, default 2), each in a process of its own with its output
+in ``.lanes/logs/<lane>.log``, printed whole when the lane ends: a lane's tests run in one pytest
+process that keeps about one CPU busy, so two lanes fill a 2-CPU machine. The longest lanes (by
+their last run's minutes, kept beside the venvs) start first.
 
 A lane whose Python is not on this machine is skipped with one line. Exit status: 0 when every
 lane run passed (skipped ones included), 1 when any failed, 2 for bad usage.
@@ -376,6 +382,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("lanes", nargs="*", help="lane names (requirements/lanes.toml)")
     parser.add_argument("--all", action="store_true", help="every lane but those the README's command runs")
     parser.add_argument("--phases", metavar="FILE", help="append the lanes' phases to FILE (.ci/run)")
+    parser.add_argument("--jobs", type=int, default=2, help="lanes run at once (default: 2)")
+    parser.add_argument("--wheel", type=Path, help=argparse.SUPPRESS)  # the wheel of the lanes' parent
     args = parser.parse_args(argv)
     lanes, tools = read_lanes()
     if args.command == "refresh":
@@ -395,7 +403,11 @@ def main(argv: list[str] | None = None) -> int:
                      else "name lanes, or --all")
     chosen = [lane for lane in lanes.values() if lane.tests != "readme"] if args.all else [
         lanes[name] for name in args.lanes]
-    wheel = build_wheel() if any(lane.tests != "readme" for lane in chosen) else None
+    needs_wheel = any(lane.tests != "readme" for lane in chosen)
+    wheel = args.wheel or (build_wheel() if needs_wheel else None)
+    if args.command == "run" and args.jobs > 1 and len(chosen) > 1:
+        assert wheel is not None
+        return run_at_once(chosen, wheel, pytest_args, args.jobs, args.phases)
     results: list[Result] = []
     for lane in chosen:
         if lane.tests == "readme":
@@ -421,6 +433,7 @@ def main(argv: list[str] | None = None) -> int:
             started = time.monotonic()
             outcome = "passed" if run_tests(venv, pytest_args) == 0 else "FAILED"
             results.append(Result(lane.name, outcome, state, built, time.monotonic() - started))
+            remember_minutes(lane.name, (built + time.monotonic() - started) / 60)
     for result in results:
         say(result.line())
     if args.phases:
@@ -428,6 +441,60 @@ def main(argv: list[str] | None = None) -> int:
             for result in results:
                 table.write(result.phase_rows())
     return 1 if any(result.outcome == "FAILED" for result in results) else 0
+
+
+def run_at_once(chosen: list[Lane], wheel: Path, pytest_args: list[str], jobs: int,
+                phases: str | None) -> int:
+    """Run each lane in a process of its own (this script, one lane), ``jobs`` at a time, the
+    longest first; each lane's output is printed whole when it ends. 1 if any lane failed."""
+    logs = LANES_DIR / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    waiting = sorted(chosen, key=lambda lane: -last_minutes().get(lane.name, 0.0))
+    running: dict[subprocess.Popen[bytes], tuple[Lane, Path]] = {}
+    failed, rows = False, {}
+    while waiting or running:
+        while waiting and len(running) < jobs:
+            lane = waiting.pop(0)
+            log, table = logs / f"{lane.name}.log", logs / f"{lane.name}.phases"
+            table.unlink(missing_ok=True)
+            command = [sys.executable, str(Path(__file__).resolve()), "run", lane.name, "--jobs", "1",
+                       "--wheel", str(wheel), "--phases", str(table), "--", *pytest_args]
+            with open(log, "wb") as out:
+                running[subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)] = (lane, table)
+            say(f"{lane.name}: started (its output: {log.relative_to(ROOT)}, shown when it ends)")
+        finished = [proc for proc in running if proc.poll() is not None]
+        if not finished:
+            time.sleep(1)
+            continue
+        for proc in finished:
+            lane, table = running.pop(proc)
+            print(f"\n===== lane {lane.name} =====", flush=True)
+            sys.stdout.write((logs / f"{lane.name}.log").read_text(errors="replace"))
+            sys.stdout.flush()
+            failed |= proc.returncode != 0
+            rows[lane.name] = table.read_text() if table.exists() else (
+                f"lane {lane.name}\t-\t-\tFAILED (exit {proc.returncode})\n")
+    if phases:
+        with open(phases, "a") as out:
+            out.writelines(rows[lane.name] for lane in chosen)
+    return 1 if failed else 0
+
+
+def last_minutes() -> dict[str, float]:
+    """Each lane's minutes in its last run on this machine (to start the longest first)."""
+    try:
+        found = json.loads((CACHE / "minutes.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def remember_minutes(name: str, minutes: float) -> None:
+    with contextlib.suppress(OSError):
+        CACHE.mkdir(parents=True, exist_ok=True)
+        path = CACHE / f"minutes.json.{os.getpid()}.tmp"
+        path.write_text(json.dumps({**last_minutes(), name: round(minutes, 2)}))
+        path.replace(CACHE / "minutes.json")
 
 
 @dataclass(frozen=True)
