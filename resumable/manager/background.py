@@ -1,7 +1,8 @@
 """`Worker`: one background thread that runs jobs one at a time, and the one exit hook that waits for them.
 
-Two slots: the job in flight and the job waiting. A newer submission replaces the job still
-waiting (never the one running), or waits for the slot when it may not replace it. A job that
+Two slots: the job in flight and the job waiting. A submission while nothing runs is in flight
+at once, whether or not the thread has started; a newer submission replaces the job still
+waiting (never the one in flight), or waits for the slot when it may not replace it. A job that
 raises does not stop the worker: the first such error is kept and raised by `join`. The thread
 is a daemon, started at the first submission and ended when nothing is left to do, so that an
 idle worker holds no thread.
@@ -74,6 +75,7 @@ class Worker(Generic[J]):
         self.waiting: J | None = None
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
+        self._handed: J | None = None  # put in flight by `submit`, not yet run by the thread
         if at_exit is not None:
             _live.add(self)
 
@@ -107,11 +109,21 @@ class Worker(Generic[J]):
         this blocks until that job is taken. Defaults to None: the newest always replaces.
         """
         with self.cond:
+            self._start_if_idle()  # a job the thread has not taken yet is not one to replace
             if replaces is not None:
                 wait_for(self.cond, lambda: self.waiting is None or replaces(self.waiting))
+                self._start_if_idle()
             replaced, self.waiting = self.waiting, job
+            self._start_if_idle()
             self.wake()
             return replaced
+
+    def _start_if_idle(self) -> None:
+        """Under the lock, when nothing is in flight: the next job (``first``'s, else the one
+        waiting) is in flight from now on, before the thread gets the CPU to take it. A
+        submission that follows at once then finds it running, not waiting to be replaced."""
+        if self.in_flight is None:
+            self._handed = self._take()
 
     def wake(self) -> None:
         """Start the thread if it is not running, and let it look for work (``first`` included)."""
@@ -147,7 +159,9 @@ class Worker(Generic[J]):
     def _work(self) -> None:
         while True:
             with self.cond:
-                job = self._take()
+                job, self._handed = self._handed, None
+                if job is None:
+                    job = self._take()
                 if job is None:
                     self._thread = None
                     self.cond.notify_all()

@@ -57,6 +57,21 @@ def test_the_newest_submission_replaces_the_waiting_job_never_the_running_one() 
     assert gate.done == ["a", "c"]
 
 
+def test_a_job_submitted_while_nothing_runs_is_in_flight_before_the_thread_takes_it() -> None:
+    """Two submissions back to back, before the new thread got the CPU (a loaded machine, or a
+    GIL switch interval longer than the gap): the first must not be taken for a waiting job."""
+    gate = Gate()
+    worker: Worker[str] = Worker("test-worker", gate.run)
+    with worker.cond:  # the thread takes nothing while the lock is held: as if it had not run yet
+        assert worker.submit("a") is None
+        assert worker.submit("b") is None  # a is in flight: b waits, nothing replaced
+        assert (worker.in_flight, worker.waiting) == ("a", "b")
+        assert worker.submit("c") == "b"  # the third replaces the waiting one, as documented
+    gate.release.set()
+    assert worker.join(timeout=10)
+    assert gate.done == ["a", "c"]
+
+
 def test_a_job_that_may_not_replace_the_waiting_one_waits_for_the_slot() -> None:
     gate = Gate()
     worker: Worker[str] = Worker("test-worker", gate.run)

@@ -70,6 +70,23 @@ def test_submit_returns_at_once_and_a_newer_job_replaces_the_waiting_one(
     assert committed(storage) == ["ckpt-000001", "ckpt-000003"] and storage.verify("ckpt-000003") == []
 
 
+def test_two_saves_before_the_upload_thread_runs_are_both_committed(run_url: str, tmp_path: Path) -> None:
+    """The second save comes before the uploader's thread took the first (a loaded machine; a
+    BackupAndRestore(double_checkpoint=True) fit lost its first backup so): the first is in
+    flight, not waiting, and is never replaced. Only a third save replaces a waiting one."""
+    storage = RunStorage(run_url, retry=FAST_RETRY)
+    said: list[str] = []
+    uploader = Uploader(storage, on_skipped=said.append)
+    jobs = [stage(tmp_path, epoch) for epoch in (1, 2)]
+    with uploader._worker.cond:  # the thread takes nothing while the lock is held: it has not run yet
+        uploader.submit(*jobs[0])
+        uploader.submit(*jobs[1])
+        assert uploader.pending == ["ckpt-000001", "ckpt-000002"]
+    assert uploader.wait(timeout=60)
+    assert committed(storage) == ["ckpt-000001", "ckpt-000002"]
+    assert uploader.replaced == [] and said == []
+
+
 def test_errors_are_retried_then_warned_and_the_next_submit_tries_again(
     run_url: str, tmp_path: Path
 ) -> None:
