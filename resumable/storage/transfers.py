@@ -29,7 +29,7 @@ from resumable.core.checksum import CHUNK_SIZE, RunningCrc32c, crc32c_of_chunks,
 from resumable.core.display import human_size
 from resumable.core.errors import CorruptCheckpointError, NoSpaceError, ResumableError
 from resumable.core.manifest import MANIFEST_NAME, FileEntry, Manifest
-from resumable.storage import gcs_upload, gcsfs_compat
+from resumable.storage import gcs_upload, gcsfs_compat, landed
 from resumable.storage.errors import NO_SPACE_ERRNOS, free_space
 from resumable.storage.folder import RunFolder, listed_file
 from resumable.storage.local_files import LINK_PROBLEM, LinkInRunError, clear_for_write, fsync, open_inside
@@ -93,14 +93,24 @@ class Transfers:
         """
         folder = self._folder
         remote = folder.path(name, rel)
+        retried_gone = False  # a 404 from a finished session was retried once already (`landed`)
 
         def put_and_check() -> FileEntry:
+            nonlocal retried_gone
             if folder.is_local:
                 clear_for_write(folder.root, remote)  # a new file: never through a link, nor a hard link
             size = local.stat().st_size
             own = _progress_bar(size, f"upload {rel}") if progress and size >= PROGRESS_MIN_BYTES else None
             try:
                 sent = self._put(local, remote, own or bar, between_chunks)
+            except Exception as e:
+                if not (folder.is_gcs and landed.reply_may_be_lost(e)):
+                    raise
+                try:  # kept when the bucket holds what was sent; else raised, for the retry to send again
+                    sent = landed.settle(folder.fs, local, remote, e, retried_gone=retried_gone)
+                except landed.SessionGone:
+                    retried_gone = True
+                    raise
             finally:
                 if own is not None:
                     own.close()

@@ -1,0 +1,106 @@
+"""Uploads whose reply is lost after GCS applied them: the bucket is asked, never guessed.
+
+The real fake-gcs-server behind `fault_proxy.FaultProxy`. A small file goes up through gcsfs'
+resumable session (its final chunk re-sent to the finished session meets a 404), a big one as
+resumable's own streamed PUT (`gcs_upload`). Each fault hits the request that finishes the
+upload of one file, after the server made the object, or before (a reset). What must hold:
+the commit lands whole, never "not found" for the file just written, and an object that is
+not the one sent is never kept (`landed.settle`).
+"""
+
+from __future__ import annotations
+
+import errno
+import random
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fault_proxy import FaultProxy, Rule
+from test_faulty_uploads import staged, streamed_and_quick, through  # noqa: F401 - a fixture
+
+from resumable import Manifest
+from resumable.storage import landed
+
+FINAL = {  # which file's finishing request fails: gcsfs' session (small) or the streamed PUT (big)
+    "small": "state.json&upload_id=",
+    "big": "model.keras&upload_id=",
+}
+FAULTS = {
+    "lost-answer": {"action": "lost-answer"},
+    "truncated-answer": {"action": "truncate"},
+    "503-after-the-write": {"action": 503, "applied": True},
+    "reset-before-the-write": {"action": "reset"},
+}
+
+
+@pytest.fixture
+def proxy(gcs_server: str) -> Iterator[FaultProxy]:
+    with FaultProxy(gcs_server) as running:
+        yield running
+
+
+@pytest.mark.parametrize("fault", FAULTS.values(), ids=FAULTS.keys())
+@pytest.mark.parametrize("file", FINAL.values(), ids=FINAL.keys())
+def test_a_lost_final_reply_commits_the_checkpoint(proxy: FaultProxy, gcs_bucket: str, tmp_path: Path,
+                                                   file: str, fault: dict[str, object]) -> None:
+    proxy.add(Rule(match=file, final_chunk=True, times=1, **fault))  # type: ignore[arg-type]
+    storage = through(proxy, gcs_bucket)
+    folder = staged(tmp_path, 1)
+    info = storage.commit(folder, "ckpt-000001", Manifest(epoch=1, step=10))
+    assert [s for s in proxy.seen if s[2] != "forwarded"], "the fault never happened"
+    assert info.name == "ckpt-000001"
+    assert [(i.name, i.status.value) for i in storage.list()] == [("ckpt-000001", "ok")]
+    assert storage.verify("ckpt-000001") == []
+    for rel in ("model.keras", "state.json"):
+        assert storage.fs.cat_file(f"{storage.root}/ckpt-000001/{rel}") == (folder / rel).read_bytes()
+    sessions = [s for s in proxy.seen if s[0] == "PUT" and "model.keras" in s[1]]
+    if file == FINAL["big"] and fault["action"] != "reset":
+        assert len(sessions) == 1  # the object the server made was kept, not sent again
+
+
+# ----------------------------------------------------------------------------- the decision itself
+
+
+@pytest.fixture
+def fs_and_file(gcs_bucket: str, tmp_path: Path) -> tuple[object, Path, str]:
+    import gcsfs
+
+    gcsfs.GCSFileSystem.clear_instance_cache()
+    fs = gcsfs.GCSFileSystem(token="anon")
+    local = tmp_path / "state.json"
+    local.write_bytes(random.Random(7).randbytes(5000))
+    return fs, local, f"{gcs_bucket}/run/ckpt-000001/state.json"
+
+
+GONE = FileNotFoundError("the session's URL")  # what gcsfs raises for a finished session's 404
+RESET = ConnectionResetError(errno.ECONNRESET, "reset")
+
+
+def test_the_object_sent_is_kept(fs_and_file: tuple[object, Path, str]) -> None:
+    fs, local, remote = fs_and_file
+    fs.pipe_file(remote, local.read_bytes())  # type: ignore[attr-defined]
+    for error in (GONE, RESET):
+        entry = landed.settle(fs, local, remote, error, retried_gone=False)
+        assert entry.size == 5000
+
+
+@pytest.mark.parametrize("stored", [None, b"x" * 10, b"y" * 5000], ids=["absent", "shorter", "other-bytes"])
+def test_an_object_that_is_not_the_one_sent_is_never_kept(fs_and_file: tuple[object, Path, str],
+                                                          stored: bytes | None) -> None:
+    fs, local, remote = fs_and_file
+    if stored is not None:
+        fs.pipe_file(remote, stored)  # type: ignore[attr-defined]
+    with pytest.raises(landed.SessionGone) as caught:  # transient: the retry uploads again
+        landed.settle(fs, local, remote, GONE, retried_gone=False)
+    assert caught.value.errno == errno.EIO and "uploading again" in str(caught.value)
+    with pytest.raises(ConnectionResetError):  # a transient error stays itself: retried as before
+        landed.settle(fs, local, remote, RESET, retried_gone=False)
+    with pytest.raises(FileNotFoundError):  # a second 404 is a real one (no bucket): said as such
+        landed.settle(fs, local, remote, GONE, retried_gone=True)
+
+
+def test_only_errors_that_may_hide_a_write_are_looked_into() -> None:
+    assert landed.reply_may_be_lost(GONE) and landed.reply_may_be_lost(RESET)
+    assert not landed.reply_may_be_lost(PermissionError("forbidden"))
+    assert not landed.reply_may_be_lost(ValueError("bad"))
