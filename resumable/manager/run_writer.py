@@ -245,14 +245,27 @@ class RunWriter:
         return deleted
 
     def delete_every_checkpoint(self) -> None:
-        """Delete every checkpoint, then the run index (`RunManager.delete_every_checkpoint`)."""
-        for info in self.storage.list(check_files=False):
-            self.storage.delete(info)
-        self.reader.committed(None)
-        self.storage.delete_index()
+        """Delete every checkpoint, then the run index (`RunManager.delete_every_checkpoint`); the
+        lease is taken for it when given back (BackupAndRestore deletes its backups after fit)."""
+        with self._holding():
+            for info in self.storage.list(check_files=False):
+                self.storage.delete(info)
+            self.reader.committed(None)
+            self.storage.delete_index()
         if self.storage.is_local:
             with contextlib.suppress(OSError):
                 os.rmdir(self.storage.root)  # only when empty
+
+    @contextlib.contextmanager
+    def _holding(self) -> Iterator[None]:
+        """The lease held within: as it is, or taken for the block when this process gave it back
+        (LeaseHeldError naming a live holder); LeaseLostError once another process took the run."""
+        self.lease.check()
+        if self.lease.held or not self.lease.given_back:
+            yield
+            return
+        with self.writing():
+            yield
 
     def apply_retention(self) -> None:
         """After a commit: delete what retention drops, never the checkpoint just committed."""
