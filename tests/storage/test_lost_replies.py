@@ -59,6 +59,38 @@ def test_a_lost_final_reply_commits_the_checkpoint(proxy: FaultProxy, gcs_bucket
         assert len(sessions) == 1  # the object the server made was kept, not sent again
 
 
+def test_a_lost_reply_at_each_request_of_a_save_commits_or_leaves_a_clean_partial(
+        proxy: FaultProxy, gcs_bucket: str, tmp_path: Path) -> None:
+    """Each request of a save in turn loses its reply after the server applied it, with one retry
+    left: the checkpoint is committed whole, or partial; never corrupt, never a second manifest."""
+    from resumable.storage.retry import RetryPolicy
+
+    folder = tmp_path / "small"
+    folder.mkdir()
+    (folder / "model.keras").write_bytes(random.Random(1).randbytes(3000))
+    (folder / "state.json").write_bytes(b'{"epoch": 1}')
+    through(proxy, gcs_bucket).commit(folder, "ckpt-000000", Manifest(epoch=0, step=0))
+    requests = len(proxy.seen)
+    outcomes = []
+    for nth in range(1, requests + 1):
+        proxy.clear()
+        proxy.seen.clear()
+        proxy.add(Rule("lost-answer", nth=nth, times=1))
+        storage = through(proxy, gcs_bucket)
+        storage.retry = RetryPolicy(attempts=2, initial_delay=0.05)
+        name = f"ckpt-{nth:06d}"
+        try:
+            storage.commit(folder, name, Manifest(epoch=nth, step=10 * nth))
+        except Exception as e:  # noqa: BLE001 - what matters is what the bucket holds
+            assert "\n" not in str(e) and "not found" not in str(e), f"request {nth}: {e}"
+        status = {c.name: c.status.value for c in storage.list()}.get(name, "absent")
+        outcomes.append(status)
+        assert status in ("ok", "partial", "absent"), f"lost reply of request {nth}: {status}"
+        if status == "ok":
+            assert storage.verify(name) == []
+    assert outcomes == ["ok"] * requests  # each lost reply is ridden out: the bucket was asked
+
+
 # ----------------------------------------------------------------------------- the decision itself
 
 
