@@ -26,6 +26,8 @@ Commit, in order:
    ``gs://`` (and any other store) the files are written once into a local staging folder,
    then uploaded, streamed and checksummed as they are sent, and the stored copy's size (and
    CRC32C on GCS) checked before going on (`commit`, `transfers`; big shards several at a time).
+   An upload whose reply was lost is settled by asking the bucket what it holds (`landed`):
+   the object sent is kept, anything else uploaded again.
 3. Check the writer still holds the run (`fence`: a fresh read of the lease, so a writer
    taken over while it uploaded commits nothing). Write the manifest create-only (GCS'
    ``ifGenerationMatch=0``, an exclusive create locally, fsynced with its folder entry),
