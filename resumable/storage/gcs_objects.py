@@ -77,6 +77,21 @@ def stored_object(fs: Any, path: str) -> tuple[int, str | None, str] | None:
     return int(blob.size or 0), crc32c_from_gcs(blob.crc32c) if blob.crc32c else None, str(blob.generation)
 
 
+def check_bucket(fs: Any, path: str) -> None:
+    """Raise google.api_core's NotFound ("The specified bucket does not exist") when the bucket of
+    ``path`` is missing: one listing of at most one object, which needs no more than the
+    ``storage.objects.list`` permission resumable's listings need anyway."""
+    from google.api_core.exceptions import NotFound
+
+    bucket, key, _ = fs.split_path(path)
+    blobs = client_for(fs).bucket(bucket).list_blobs(prefix=key, max_results=1, retry=None,
+                                                     timeout=time_left(REQUEST_TIMEOUT))
+    try:
+        list(blobs)  # the request is sent as the listing is read
+    except NotFound:  # GCS says so; an emulator may say only "Not Found"
+        raise NotFound("The specified bucket does not exist.") from None
+
+
 def write_if_generation(fs: Any, path: str, data: bytes, generation: int, *,
                         content_type: str = "application/json") -> str:
     """Write ``data`` to ``path`` only if its generation still is ``generation`` (0: only if absent).

@@ -41,24 +41,24 @@ def reply_may_be_lost(error: BaseException) -> bool:
     return is_transient(error) or isinstance(error, FileNotFoundError) or http_code(error) in SESSION_GONE
 
 
-def settle(fs: Any, local: Path, remote: str, error: Exception, *, retried_gone: bool) -> FileEntry:
+def settle(fs: Any, local: Path, remote: str, error: Exception) -> tuple[int, str]:
     """After ``error`` from the upload of ``local`` to ``remote``: the local file's size and CRC32C
     when the bucket holds exactly its bytes. Otherwise raises for the caller's retry to upload
-    again: ``error`` itself when transient; for a 404/410, `SessionGone` the first time (a session
-    ended before the object was made) and ``error`` itself once ``retried_gone`` (a real "not
-    found": the bucket is missing)."""
+    again: ``error`` itself when transient; for a 404/410, `SessionGone` (a session that ended
+    before the object was made), or the bucket's own "not found" when the bucket is missing."""
     sent = FileEntry(local.stat().st_size, crc32c_of_file(local))
     fs.invalidate_cache(remote)  # gcsfs' listings would not show what landed
     stored = gcs_objects.stored_object(fs, remote)
     if stored is not None and stored[:2] == sent:
         logger.info("resumable: the reply to the upload of %s was lost (%s); the bucket holds it whole "
                     "(generation %s): kept", remote, type(error).__name__, stored[2])
-        return sent
-    if is_transient(error) or retried_gone:
+        return sent.size, sent.crc32c
+    if is_transient(error):
         raise error
+    gcs_objects.check_bucket(fs, remote)  # a missing bucket: its NotFound, said as such
     if stored is None:
         found = "nothing"
     else:
         found = f"{stored[0]} of {sent.size} bytes" if stored[0] != sent.size else "another CRC32C"
     raise SessionGone(errno.EIO, f"the upload session ended without the object (the bucket holds {found}); "
-                  "uploading again")
+                      "uploading again")

@@ -93,24 +93,14 @@ class Transfers:
         """
         folder = self._folder
         remote = folder.path(name, rel)
-        retried_gone = False  # a 404 from a finished session was retried once already (`landed`)
 
         def put_and_check() -> FileEntry:
-            nonlocal retried_gone
             if folder.is_local:
                 clear_for_write(folder.root, remote)  # a new file: never through a link, nor a hard link
             size = local.stat().st_size
             own = _progress_bar(size, f"upload {rel}") if progress and size >= PROGRESS_MIN_BYTES else None
             try:
                 sent = self._put(local, remote, own or bar, between_chunks)
-            except Exception as e:
-                if not (folder.is_gcs and landed.reply_may_be_lost(e)):
-                    raise
-                try:  # kept when the bucket holds what was sent; else raised, for the retry to send again
-                    sent = landed.settle(folder.fs, local, remote, e, retried_gone=retried_gone)
-                except landed.SessionGone:
-                    retried_gone = True
-                    raise
             finally:
                 if own is not None:
                     own.close()
@@ -368,9 +358,21 @@ def put_streamed(folder: RunFolder, local: Path, remote: str, *, between_chunks:
     filesystem's file object (on GCS, a smaller file in one request of up to `UPLOAD_BLOCK`).
     ``between_chunks()`` is called before each chunk is sent (background uploads wait there),
     ``on_sent(n)`` after. A failure abandons the half-written file (a GCS upload is cancelled,
-    never finished). Checkpoint folders (`Transfers`) and single files (`single_file`) both
-    upload through here.
+    never finished). A reply lost after GCS made the object (a reset, a 5xx, a finished
+    session's 404) is settled by asking the bucket (`landed`). Checkpoint folders (`Transfers`)
+    and single files (`single_file`) both upload through here.
     """
+    try:
+        return _put_once(folder, local, remote, between_chunks=between_chunks, on_sent=on_sent)
+    except Exception as e:
+        if not (folder.is_gcs and landed.reply_may_be_lost(e)):
+            raise
+        return landed.settle(folder.fs, local, remote, e)  # the object sent, or raised for a retry
+
+
+def _put_once(folder: RunFolder, local: Path, remote: str, *, between_chunks: Callable[[], None],
+              on_sent: Callable[[int], None]) -> tuple[int, str]:
+    """`put_streamed` without the look at what landed after a lost reply."""
     if folder.is_gcs and local.stat().st_size >= STREAM_MIN_BYTES:
         with contextlib.suppress(gcs_upload.NotStreamable):
             return gcs_upload.upload(folder.fs, local, remote, before_piece=between_chunks, on_sent=on_sent)

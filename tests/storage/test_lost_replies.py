@@ -113,8 +113,8 @@ def test_the_object_sent_is_kept(fs_and_file: tuple[object, Path, str]) -> None:
     fs, local, remote = fs_and_file
     fs.pipe_file(remote, local.read_bytes())  # type: ignore[attr-defined]
     for error in (GONE, RESET):
-        entry = landed.settle(fs, local, remote, error, retried_gone=False)
-        assert entry.size == 5000
+        size, _ = landed.settle(fs, local, remote, error)
+        assert size == 5000
 
 
 @pytest.mark.parametrize("stored", [None, b"x" * 10, b"y" * 5000], ids=["absent", "shorter", "other-bytes"])
@@ -124,12 +124,27 @@ def test_an_object_that_is_not_the_one_sent_is_never_kept(fs_and_file: tuple[obj
     if stored is not None:
         fs.pipe_file(remote, stored)  # type: ignore[attr-defined]
     with pytest.raises(landed.SessionGone) as caught:  # transient: the retry uploads again
-        landed.settle(fs, local, remote, GONE, retried_gone=False)
+        landed.settle(fs, local, remote, GONE)
     assert caught.value.errno == errno.EIO and "uploading again" in str(caught.value)
     with pytest.raises(ConnectionResetError):  # a transient error stays itself: retried as before
-        landed.settle(fs, local, remote, RESET, retried_gone=False)
-    with pytest.raises(FileNotFoundError):  # a second 404 is a real one (no bucket): said as such
-        landed.settle(fs, local, remote, GONE, retried_gone=True)
+        landed.settle(fs, local, remote, RESET)
+
+
+def test_a_404_from_a_missing_bucket_stays_not_found(fs_and_file: tuple[object, Path, str],
+                                                     tmp_path: Path) -> None:
+    from google.api_core.exceptions import NotFound
+
+    from resumable.core.errors import RunNotFoundError
+    from resumable.storage.errors import translate
+
+    fs, local, _ = fs_and_file
+    remote = "no-such-bucket-51ab/run/ckpt-000001/state.json"
+    with pytest.raises(NotFound) as caught:
+        landed.settle(fs, local, remote, GONE)
+    run = "gs://no-such-bucket-51ab/run"
+    said = translate(caught.value, f"{run}/ckpt-000001/state.json", run, run[5:], is_gcs=True, is_local=False)
+    assert isinstance(said, RunNotFoundError)
+    assert "does the bucket gs://no-such-bucket-51ab exist" in str(said)
 
 
 def test_only_errors_that_may_hide_a_write_are_looked_into() -> None:
