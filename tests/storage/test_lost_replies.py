@@ -59,6 +59,26 @@ def test_a_lost_final_reply_commits_the_checkpoint(proxy: FaultProxy, gcs_bucket
         assert len(sessions) == 1  # the object the server made was kept, not sent again
 
 
+@pytest.mark.parametrize("size", [3000, 3 * 2**20], ids=["small", "big"])
+def test_a_single_file_whose_final_reply_is_lost_lands(proxy: FaultProxy, gcs_bucket: str, tmp_path: Path,
+                                                       size: int) -> None:
+    """A single file (ModelCheckpoint's ``model.keras`` on gs://) goes up through the same path."""
+    import gcsfs
+
+    from resumable.storage.single_file import FileTarget
+
+    gcsfs.GCSFileSystem.clear_instance_cache()
+    local = tmp_path / "model.keras"
+    local.write_bytes(random.Random(size).randbytes(size))
+    proxy.add(Rule("lost-answer", match="model.keras&upload_id=", final_chunk=True, times=1))
+    target = FileTarget(f"{gcs_bucket}/models/model.keras",
+                        storage_options={"token": "anon", "endpoint_url": proxy.url})
+    record = target.land(local, {})
+    assert proxy.outcomes("lost-answer"), "the fault never happened"
+    assert record.size == size and target.verify() == record
+    assert target.folder.fs.cat_file(target.path) == local.read_bytes()
+
+
 def test_a_lost_reply_at_each_request_of_a_save_commits_or_leaves_a_clean_partial(
         proxy: FaultProxy, gcs_bucket: str, tmp_path: Path) -> None:
     """Each request of a save in turn loses its reply after the server applied it, with one retry
