@@ -157,24 +157,28 @@ class RunWriter:
         return self.storage.is_local and self.job is None
 
     def _commit(self, staging: Path, name: str, manifest: Manifest) -> CheckpointInfo:
-        self._renew_before_commit(name)
-        if self.job is not None:  # #36: every process uploads its part, process 0 commits
-            return self.job.commit(staging, name, manifest, progress=self.options.verbose,
-                                   between_chunks=self._between_chunks)
-        return self._replacing_damaged(name, lambda: self.storage.commit(
-            staging, name, manifest, progress=self.options.verbose, between_chunks=self._between_chunks))
+        # A commit after the lease was given back (one retried once fit ended, or landing at
+        # exit) takes it again for itself: never written into a run another process may hold.
+        with self._holding():
+            self._renew_before_commit(name)
+            if self.job is not None:  # #36: every process uploads its part, process 0 commits
+                return self.job.commit(staging, name, manifest, progress=self.options.verbose,
+                                       between_chunks=self._between_chunks)
+            return self._replacing_damaged(name, lambda: self.storage.commit(
+                staging, name, manifest, progress=self.options.verbose, between_chunks=self._between_chunks))
 
     def _commit_in_place(self, name: str, manifest: Manifest, write: WriteFn) -> CheckpointInfo:
         """Write a checkpoint's files straight into its folder in a local run, then commit them."""
-        self._renew_before_commit(name)
-        target = Path(self._replacing_damaged(name, lambda: self.storage.begin_in_place(name)))
-        try:
-            written = write(target, self.storage.root)
-        except BaseException:
-            with contextlib.suppress(ResumableError, OSError):  # a partial folder only holds space
-                self.storage.delete(name)
-            raise
-        return self.storage.commit_in_place(name, manifest, written)
+        with self._holding():  # as `_commit`
+            self._renew_before_commit(name)
+            target = Path(self._replacing_damaged(name, lambda: self.storage.begin_in_place(name)))
+            try:
+                written = write(target, self.storage.root)
+            except BaseException:
+                with contextlib.suppress(ResumableError, OSError):  # a partial folder only holds space
+                    self.storage.delete(name)
+                raise
+            return self.storage.commit_in_place(name, manifest, written)
 
     def _renew_before_commit(self, name: str) -> None:
         if self.lease.held or self.lease.lost:

@@ -45,7 +45,7 @@ the delete: the index never outlives a manifest), then the manifest (a half-done
 as partial), then the other files, one `fence` check before each. Pruning many
 (`delete_listed`): the index loses them all in one write first, then each folder as above,
 its files as the caller's listing found them. A writer that gave its lease back (`Lease.release`)
-is fenced off too: nothing it still had in flight is committed or deleted after that.
+is fenced off too, until it takes the lease again.
 
 Locally (Drive's mount included), two more rules. Durable: a manifest whose fsync (or its
 folder's) failed is removed and written again on the retry, never trusted, and removed when

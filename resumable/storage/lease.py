@@ -205,9 +205,10 @@ class Lease:
         The renewal thread notices a takeover only every ``renew_interval``; a writer frozen
         (a suspended VM, a long upload) past its timeout must not commit or delete in between.
         LeaseLostError once another process holds the run, and once this one gave the lease
-        back (`release`): a commit retried after the end of a fit, or an upload still running
-        at exit, writes nothing into a run another process may hold by now. A no-op while no
-        lease was taken: a one-off write forced past a live writer (`RunManager.writing(force=True)`).
+        back (`release`): nothing is written into a run another process may hold by now
+        without taking the lease again (`RunWriter` does, for a commit retried once fit ended).
+        A no-op while no lease was taken: a one-off write forced past a live writer
+        (`RunManager.writing(force=True)`).
         """
         with self._lock:
             self.check()

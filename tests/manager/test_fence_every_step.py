@@ -142,14 +142,20 @@ def test_no_manifest_write_and_no_delete_after_the_lease_changed(tmp_path: Path,
         assert statuses.get("ckpt-000001") == "ok" or statuses.get("ckpt-000002") == "ok"
 
 
-def test_a_commit_retried_after_the_lease_was_given_back_writes_nothing(tmp_path: Path) -> None:
+def test_a_commit_after_the_lease_was_given_back_takes_it_again_first(tmp_path: Path) -> None:
     """The end of a fit whose last upload failed: the lease goes back, then the exception path
-    retries the upload (Run.fit's `_finish_uploads`); nothing is committed or deleted."""
+    retries the upload (Run.fit's `_finish_uploads`). Before #51 it wrote the manifest and
+    retention's deletes with no lease at all; now it takes the lease again, reads it right
+    before the manifest, gives it back after, and retention (a writer without the lease) waits."""
     manager, steps, _ = save(tmp_path, None, 0)
     manager.release()
     before = len(steps.log)
-    with pytest.raises(LeaseLostError, match="gave its writer lease back"):
-        commit(manager, 3)
-    assert [(k, p) for k, p in steps.log[before:] if k in ("delete", "write") and not p.endswith(LEASE_NAME)
-            and (k == "delete" or p.endswith(MANIFEST_NAME))] == []
-    assert [c.name for c in manager.storage.list() if c.ok] == ["ckpt-000002"]
+    commit(manager, 3)
+    log = steps.log[before:]
+    manifest = log.index(("write", f"{manager.storage.root}/ckpt-000003/{MANIFEST_NAME}"))
+    lease = f"{manager.storage.root}/{LEASE_NAME}"
+    assert ("write", lease) in log[:manifest]  # taken again
+    assert log[manifest - 1] == ("read", lease)  # and read afresh right before the manifest
+    assert [path for kind, path in log[manifest:] if kind == "delete"] == [lease]  # retention waits
+    assert not manager.lease.held and not manager.storage.fs.exists(lease)  # given back again
+    assert [c.name for c in manager.storage.list() if c.ok] == ["ckpt-000002", "ckpt-000003"]
