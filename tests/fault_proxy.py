@@ -7,6 +7,8 @@ unless a rule says otherwise:
 - ``reset``: the connection is closed with a TCP reset, nothing answered;
 - ``lost-answer``: the request reaches the server, then the connection is reset instead of
   answering (a write that landed, its reply lost);
+- ``late-answer``: the request reaches the server, then nothing for ``seconds``, then a reset
+  (a write that landed, its reply later than the client waits);
 - ``truncate``: the request reaches the server, its answer's status and headers come back
   with half of the body, then a reset (a reply cut short: the write landed);
 - a status (500, 503, 429, 403, 401): answered with a JSON error body of ``message``; with
@@ -52,7 +54,7 @@ HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", 
 class Rule:
     """What to do with requests matching ``method`` (None: any) and ``match`` (a part of the URL)."""
 
-    action: int | str  # an HTTP status, "reset", "lost-answer", "truncate" or "stall"
+    action: int | str  # an HTTP status, "reset", "lost-answer", "late-answer", "truncate" or "stall"
     match: str = ""
     method: str | None = None
     final_chunk: bool = False  # only requests finishing an upload session (module docstring)
@@ -61,7 +63,7 @@ class Rule:
     times: int | None = 1
     message: str = "injected failure"
     after: int = 0  # "stall": body bytes read before stalling
-    seconds: float = 30.0  # "stall": how long
+    seconds: float = 30.0  # "stall", "late-answer": how long
     seen: int = 0
 
     def hits(self, method: str, path: str, content_range: str = "") -> bool:
@@ -176,6 +178,10 @@ def _handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
                 self._stall(rule)
             elif rule is not None and rule.action == "lost-answer":
                 self._forward(method, path, self._body(), answer=False)
+                self._reset()
+            elif rule is not None and rule.action == "late-answer":
+                self._forward(method, path, self._body(), answer=False)
+                time.sleep(rule.seconds)
                 self._reset()
             elif rule is not None and rule.action == "truncate":
                 self._forward(method, path, self._body(), truncate=True)
