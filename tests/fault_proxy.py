@@ -7,14 +7,21 @@ unless a rule says otherwise:
 - ``reset``: the connection is closed with a TCP reset, nothing answered;
 - ``lost-answer``: the request reaches the server, then the connection is reset instead of
   answering (a write that landed, its reply lost);
-- a status (500, 503, 429, 403, 401): answered with a JSON error body of ``message``;
+- ``late-answer``: the request reaches the server, then nothing for ``seconds``, then a reset
+  (a write that landed, its reply later than the client waits);
+- ``truncate``: the request reaches the server, its answer's status and headers come back
+  with half of the body, then a reset (a reply cut short: the write landed);
+- a status (500, 503, 429, 403, 401): answered with a JSON error body of ``message``; with
+  ``applied``, after the request reached the server (a front end failing after the write);
 - ``stall``: the request's first ``after`` body bytes are read, then nothing for ``seconds``,
   then a reset (an upload stalled mid-body; with no body, a server that never answers);
 - tokens that expire (`FaultProxy.tokens`): a request whose ``Authorization: Bearer`` token was
   issued longer ago than ``ttl`` is answered 401 "Invalid Credentials", as GCS answers.
 
 A rule matches a method and a part of the URL (``match``), from its ``nth`` matching request,
-``times`` of them (None: every one from then on). ``seen`` logs ``(method, path, outcome)``.
+``times`` of them (None: every one from then on); with ``final_chunk``, only requests that
+finish a resumable upload session (a ``Content-Range`` naming the total size: the last chunk,
+or a single-request body). ``seen`` logs ``(method, path, outcome)``.
 
 Example:
 
@@ -47,21 +54,30 @@ HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", 
 class Rule:
     """What to do with requests matching ``method`` (None: any) and ``match`` (a part of the URL)."""
 
-    action: int | str  # an HTTP status, "reset", "lost-answer" or "stall"
+    action: int | str  # an HTTP status, "reset", "lost-answer", "late-answer", "truncate" or "stall"
     match: str = ""
     method: str | None = None
+    final_chunk: bool = False  # only requests finishing an upload session (module docstring)
+    applied: bool = False  # a status: answered after forwarding the request (module docstring)
     nth: int = 1
     times: int | None = 1
     message: str = "injected failure"
     after: int = 0  # "stall": body bytes read before stalling
-    seconds: float = 30.0  # "stall": how long
+    seconds: float = 30.0  # "stall", "late-answer": how long
     seen: int = 0
 
-    def hits(self, method: str, path: str) -> bool:
+    def hits(self, method: str, path: str, content_range: str = "") -> bool:
         if (self.method is not None and method != self.method) or self.match not in path:
+            return False
+        if self.final_chunk and not _finishes_session(content_range):
             return False
         self.seen += 1
         return self.seen >= self.nth and (self.times is None or self.seen < self.nth + self.times)
+
+
+def _finishes_session(content_range: str) -> bool:
+    """``bytes 0-9/10`` or ``bytes */10`` finish a session; ``bytes 0-9/*`` (more to come) does not."""
+    return content_range.startswith("bytes ") and not content_range.endswith("/*")
 
 
 @dataclass
@@ -125,10 +141,10 @@ class FaultProxy:
         self._server.shutdown()
         self._server.server_close()
 
-    def _rule_for(self, method: str, path: str) -> Rule | None:
+    def _rule_for(self, method: str, path: str, content_range: str = "") -> Rule | None:
         with self._lock:
             for rule in self.rules:
-                if rule.hits(method, path):
+                if rule.hits(method, path, content_range):
                     return rule
         return None
 
@@ -150,7 +166,7 @@ def _handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
 
         def _any(self) -> None:
             method, path = self.command, self.path
-            rule = proxy._rule_for(method, path)
+            rule = proxy._rule_for(method, path, self.headers.get("Content-Range", ""))
             if rule is None and proxy.tokens.expired(self.headers.get("Authorization")):
                 rule = Rule(401, message="Invalid Credentials")
             outcome = "forwarded" if rule is None else str(rule.action)
@@ -163,8 +179,17 @@ def _handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
             elif rule is not None and rule.action == "lost-answer":
                 self._forward(method, path, self._body(), answer=False)
                 self._reset()
+            elif rule is not None and rule.action == "late-answer":
+                self._forward(method, path, self._body(), answer=False)
+                time.sleep(rule.seconds)
+                self._reset()
+            elif rule is not None and rule.action == "truncate":
+                self._forward(method, path, self._body(), truncate=True)
+                self._reset()
             elif rule is not None:
-                self._body()
+                body = self._body()
+                if rule.applied:
+                    self._forward(method, path, body, answer=False)
                 self._answer(int(rule.action), rule.message)
             else:
                 self._forward(method, path, self._body())
@@ -184,7 +209,8 @@ def _handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
             length = int(self.headers.get("Content-Length") or 0)
             return self.rfile.read(length) if length else b""
 
-        def _forward(self, method: str, path: str, body: bytes, answer: bool = True) -> None:
+        def _forward(self, method: str, path: str, body: bytes, answer: bool = True,
+                     truncate: bool = False) -> None:
             upstream = http.client.HTTPConnection(*proxy.upstream, timeout=60)
             headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP}
             headers["Host"] = f"{proxy.upstream[0]}:{proxy.upstream[1]}"
@@ -200,10 +226,12 @@ def _handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
                 if key.lower() not in HOP_BY_HOP:
                     self.send_header(key, value.replace(proxy.upstream_url, proxy.url)
                                      if key.lower() == "location" else value)
-            self.send_header("Content-Length", str(len(data)))
+            promised = max(len(data), 2) if truncate else len(data)  # an empty body cut short: 2 promised
+            self.send_header("Content-Length", str(promised))
             self.end_headers()
             if method != "HEAD":
-                self.wfile.write(data)
+                self.wfile.write(data[:len(data) // 2] if truncate else data)
+                self.wfile.flush()
 
         def _answer(self, status: int, message: str) -> None:
             data = json.dumps({"error": {"code": status, "message": message,

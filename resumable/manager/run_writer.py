@@ -157,24 +157,28 @@ class RunWriter:
         return self.storage.is_local and self.job is None
 
     def _commit(self, staging: Path, name: str, manifest: Manifest) -> CheckpointInfo:
-        self._renew_before_commit(name)
-        if self.job is not None:  # #36: every process uploads its part, process 0 commits
-            return self.job.commit(staging, name, manifest, progress=self.options.verbose,
-                                   between_chunks=self._between_chunks)
-        return self._replacing_damaged(name, lambda: self.storage.commit(
-            staging, name, manifest, progress=self.options.verbose, between_chunks=self._between_chunks))
+        # A commit after the lease was given back (one retried once fit ended, or landing at
+        # exit) takes it again for itself: never written into a run another process may hold.
+        with self._holding():
+            self._renew_before_commit(name)
+            if self.job is not None:  # #36: every process uploads its part, process 0 commits
+                return self.job.commit(staging, name, manifest, progress=self.options.verbose,
+                                       between_chunks=self._between_chunks)
+            return self._replacing_damaged(name, lambda: self.storage.commit(
+                staging, name, manifest, progress=self.options.verbose, between_chunks=self._between_chunks))
 
     def _commit_in_place(self, name: str, manifest: Manifest, write: WriteFn) -> CheckpointInfo:
         """Write a checkpoint's files straight into its folder in a local run, then commit them."""
-        self._renew_before_commit(name)
-        target = Path(self._replacing_damaged(name, lambda: self.storage.begin_in_place(name)))
-        try:
-            written = write(target, self.storage.root)
-        except BaseException:
-            with contextlib.suppress(ResumableError, OSError):  # a partial folder only holds space
-                self.storage.delete(name)
-            raise
-        return self.storage.commit_in_place(name, manifest, written)
+        with self._holding():  # as `_commit`
+            self._renew_before_commit(name)
+            target = Path(self._replacing_damaged(name, lambda: self.storage.begin_in_place(name)))
+            try:
+                written = write(target, self.storage.root)
+            except BaseException:
+                with contextlib.suppress(ResumableError, OSError):  # a partial folder only holds space
+                    self.storage.delete(name)
+                raise
+            return self.storage.commit_in_place(name, manifest, written)
 
     def _renew_before_commit(self, name: str) -> None:
         if self.lease.held or self.lease.lost:
@@ -245,14 +249,27 @@ class RunWriter:
         return deleted
 
     def delete_every_checkpoint(self) -> None:
-        """Delete every checkpoint, then the run index (`RunManager.delete_every_checkpoint`)."""
-        for info in self.storage.list(check_files=False):
-            self.storage.delete(info)
-        self.reader.committed(None)
-        self.storage.delete_index()
+        """Delete every checkpoint, then the run index (`RunManager.delete_every_checkpoint`); the
+        lease is taken for it when given back (BackupAndRestore deletes its backups after fit)."""
+        with self._holding():
+            for info in self.storage.list(check_files=False):
+                self.storage.delete(info)
+            self.reader.committed(None)
+            self.storage.delete_index()
         if self.storage.is_local:
             with contextlib.suppress(OSError):
                 os.rmdir(self.storage.root)  # only when empty
+
+    @contextlib.contextmanager
+    def _holding(self) -> Iterator[None]:
+        """The lease held within: as it is, or taken for the block when this process gave it back
+        (LeaseHeldError naming a live holder); LeaseLostError once another process took the run."""
+        self.lease.check()
+        if self.lease.held or not self.lease.given_back:
+            yield
+            return
+        with self.writing():
+            yield
 
     def apply_retention(self) -> None:
         """After a commit: delete what retention drops, never the checkpoint just committed."""

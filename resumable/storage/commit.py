@@ -26,6 +26,8 @@ Commit, in order:
    ``gs://`` (and any other store) the files are written once into a local staging folder,
    then uploaded, streamed and checksummed as they are sent, and the stored copy's size (and
    CRC32C on GCS) checked before going on (`commit`, `transfers`; big shards several at a time).
+   An upload whose reply was lost is settled by asking the bucket what it holds (`landed`):
+   the object sent is kept, anything else uploaded again.
 3. Check the writer still holds the run (`fence`: a fresh read of the lease, so a writer
    taken over while it uploaded commits nothing). Write the manifest create-only (GCS'
    ``ifGenerationMatch=0``, an exclusive create locally, fsynced with its folder entry),
@@ -38,11 +40,12 @@ A checkpoint written by the processes of a multi-host job takes these steps apar
 own files (2), and once all have reported their sizes and CRC32Cs, process 0 writes the one
 manifest listing them all (3, 4); see `resumable.manager.job_commit`.
 
-Delete, in order, after the same `fence` check: the index first (a failure stops the delete:
-the index never outlives a manifest), then the manifest (a half-done delete reads as
-partial), then the other files. Pruning many (`delete_listed`): the index loses them all in
-one write first, then each folder as above, a `fence` check before each, its files as the
-caller's listing found them.
+Delete, in order, each step after the same `fence` check: the index first (a failure stops
+the delete: the index never outlives a manifest), then the manifest (a half-done delete reads
+as partial), then the other files, one `fence` check before each. Pruning many
+(`delete_listed`): the index loses them all in one write first, then each folder as above,
+its files as the caller's listing found them. A writer that gave its lease back (`Lease.release`)
+is fenced off too, until it takes the lease again.
 
 Locally (Drive's mount included), two more rules. Durable: a manifest whose fsync (or its
 folder's) failed is removed and written again on the retry, never trusted, and removed when
@@ -244,7 +247,7 @@ class Committer:
 
         As `delete`, but the run index is rewritten once for all of them, first, and each
         folder's files are taken from ``listed`` (one listing of the run, not one per folder):
-        pruning a long run costs each file's delete and a lease check per folder. A folder
+        pruning a long run costs each file's delete and a lease check before each. A folder
         listed as empty is listed afresh. Stopped midway, the index may miss the folders left
         (never name a deleted one): the next commit mends it.
         """
@@ -254,8 +257,7 @@ class Committer:
         self._index.update(remove=set(listed))
         finished = False
         try:
-            for name, files in listed.items():
-                self._check_fence()
+            for name, files in listed.items():  # each delete is fenced (`_delete_files`)
                 if not files:
                     files = self._folder.listing(self._folder.path(name)).get(name, {})
                 self._delete_files(name, files, gone_ok=True)
@@ -270,6 +272,7 @@ class Committer:
         folder = self._folder
         for rel in sorted(files, key=lambda rel: rel != MANIFEST_NAME):  # the manifest first
             path = folder.path(name, rel)
+            self._check_fence()  # each delete: a takeover between two files stops the rest
             with folder.errors(folder.url_of(name, rel)):
                 if folder.is_local:
                     # Never through a link, never emptying a file that has another name (a `cp -al`
@@ -288,6 +291,7 @@ class Committer:
                     if not gone_ok:
                         raise
         if folder.is_local:
+            self._check_fence()
             with folder.errors(folder.url_of(name)):  # what is left; a link there is unlinked, not followed
                 folder.call(functools.partial(remove_folder_inside, folder.root, folder.path(name)),
                             f"delete {name}")

@@ -64,6 +64,34 @@ def age_by_server(fs: Any, path: str) -> float | None:
     return max(0.0, age) if age > -2 else None  # Date has whole seconds; a server far off tells nothing
 
 
+def stored_object(fs: Any, path: str) -> tuple[int, str | None, str] | None:
+    """Size, CRC32C (8 hex digits; None if the server has none) and generation of object ``path``;
+    None if absent. One request, never retried here: it answers whether a write landed
+    (`landed`), where gcsfs' own retries of a server gone would take minutes."""
+    from resumable.core.checksum import crc32c_from_gcs
+
+    bucket, key, _ = fs.split_path(path)
+    blob = client_for(fs).bucket(bucket).get_blob(key, retry=None, timeout=time_left(REQUEST_TIMEOUT))
+    if blob is None:
+        return None
+    return int(blob.size or 0), crc32c_from_gcs(blob.crc32c) if blob.crc32c else None, str(blob.generation)
+
+
+def check_bucket(fs: Any, path: str) -> None:
+    """Raise google.api_core's NotFound ("The specified bucket does not exist") when the bucket of
+    ``path`` is missing: one listing of at most one object, which needs no more than the
+    ``storage.objects.list`` permission resumable's listings need anyway."""
+    from google.api_core.exceptions import NotFound
+
+    bucket, key, _ = fs.split_path(path)
+    blobs = client_for(fs).bucket(bucket).list_blobs(prefix=key, max_results=1, retry=None,
+                                                     timeout=time_left(REQUEST_TIMEOUT))
+    try:
+        list(blobs)  # the request is sent as the listing is read
+    except NotFound:  # GCS says so; an emulator may say only "Not Found"
+        raise NotFound("The specified bucket does not exist.") from None
+
+
 def write_if_generation(fs: Any, path: str, data: bytes, generation: int, *,
                         content_type: str = "application/json") -> str:
     """Write ``data`` to ``path`` only if its generation still is ``generation`` (0: only if absent).

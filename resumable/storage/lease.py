@@ -111,6 +111,7 @@ class Lease:
         self.renew_interval = renew_interval or min(MAX_RENEW_INTERVAL, self.timeout / RENEWALS_PER_TIMEOUT)
         self.info: LeaseInfo | None = None  # ours, while held
         self.lost: str | None = None  # why we no longer hold it, once taken over
+        self.given_back = False  # released by `release`: `fence` refuses until it is taken again
         self._version: Any = None  # what the storage last held from us
         self._taken_by: LeaseInfo | None = None  # another holder's lease seen in our place
         self._lock = threading.RLock()
@@ -137,7 +138,9 @@ class Lease:
             if self.held:
                 self.renew()
                 return
-            self.lost, self._taken_by = None, None
+            # A take that fails leaves nothing held and nothing given back: what is written next
+            # is a one-off write forced past the holder (`RunWriter.writing(force=True)`), unfenced.
+            self.lost, self._taken_by, self.given_back = None, None, False
             now = this_machine.now()
             info = LeaseInfo(token=uuid.uuid4().hex, host=this_machine.HOST, pid=os.getpid(), started=now,
                              renewed=now, timeout=self.timeout, renew_interval=self.renew_interval,
@@ -201,12 +204,18 @@ class Lease:
 
         The renewal thread notices a takeover only every ``renew_interval``; a writer frozen
         (a suspended VM, a long upload) past its timeout must not commit or delete in between.
-        LeaseLostError once another process holds the run. A no-op while no lease is held:
-        a one-off write forced past a live writer (`RunManager.writing(force=True)`).
+        LeaseLostError once another process holds the run, and once this one gave the lease
+        back (`release`): nothing is written into a run another process may hold by now
+        without taking the lease again (`RunWriter` does, for a commit retried once fit ended).
+        A no-op while no lease was taken: a one-off write forced past a live writer
+        (`RunManager.writing(force=True)`).
         """
         with self._lock:
             self.check()
             if self.info is None:
+                if self.given_back:
+                    raise LeaseLostError(f"{self.storage.url}: this process gave its writer lease back; "
+                                         "it writes nothing more to this run folder until it takes it again")
                 return
             if self._still_ours() is None:
                 self._lose()
@@ -218,6 +227,7 @@ class Lease:
             if self.info is None:
                 return
             version, self._version = self._version, None
+            self.given_back = True
             _held.discard(self)
             try:
                 deleted = self.storage.delete_run_file(LEASE_NAME, version)

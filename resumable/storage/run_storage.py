@@ -263,7 +263,7 @@ class RunStorage:
 
         The run index loses them all in one write, first; the files of an info from a full
         listing (``checked``) are the ones it listed, others' folders are listed afresh.
-        Costs one delete per file and one lease check (`fence`) per folder, whatever the
+        Costs one delete and one lease check (`fence`) per file, whatever the
         run's length. See `Committer.delete_listed`.
         """
         listed: dict[str, dict[str, ListedFile]] = {}

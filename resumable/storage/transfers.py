@@ -29,7 +29,7 @@ from resumable.core.checksum import CHUNK_SIZE, RunningCrc32c, crc32c_of_chunks,
 from resumable.core.display import human_size
 from resumable.core.errors import CorruptCheckpointError, NoSpaceError, ResumableError
 from resumable.core.manifest import MANIFEST_NAME, FileEntry, Manifest
-from resumable.storage import gcs_upload, gcsfs_compat
+from resumable.storage import gcs_upload, gcsfs_compat, landed
 from resumable.storage.errors import NO_SPACE_ERRNOS, free_space
 from resumable.storage.folder import RunFolder, listed_file
 from resumable.storage.local_files import LINK_PROBLEM, LinkInRunError, clear_for_write, fsync, open_inside
@@ -358,9 +358,21 @@ def put_streamed(folder: RunFolder, local: Path, remote: str, *, between_chunks:
     filesystem's file object (on GCS, a smaller file in one request of up to `UPLOAD_BLOCK`).
     ``between_chunks()`` is called before each chunk is sent (background uploads wait there),
     ``on_sent(n)`` after. A failure abandons the half-written file (a GCS upload is cancelled,
-    never finished). Checkpoint folders (`Transfers`) and single files (`single_file`) both
-    upload through here.
+    never finished). A reply lost after GCS made the object (a reset, a 5xx, a finished
+    session's 404) is settled by asking the bucket (`landed`). Checkpoint folders (`Transfers`)
+    and single files (`single_file`) both upload through here.
     """
+    try:
+        return _put_once(folder, local, remote, between_chunks=between_chunks, on_sent=on_sent)
+    except Exception as e:
+        if not (folder.is_gcs and landed.reply_may_be_lost(e)):
+            raise
+        return landed.settle(folder.fs, local, remote, e)  # the object sent, or raised for a retry
+
+
+def _put_once(folder: RunFolder, local: Path, remote: str, *, between_chunks: Callable[[], None],
+              on_sent: Callable[[int], None]) -> tuple[int, str]:
+    """`put_streamed` without the look at what landed after a lost reply."""
     if folder.is_gcs and local.stat().st_size >= STREAM_MIN_BYTES:
         with contextlib.suppress(gcs_upload.NotStreamable):
             return gcs_upload.upload(folder.fs, local, remote, before_piece=between_chunks, on_sent=on_sent)
