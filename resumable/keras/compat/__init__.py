@@ -16,7 +16,8 @@ unknown Keras costs exactness or speed, never a save or a resume. Callers write
 - `callbacks`: ``keras.callbacks.TensorBoard._global_train_batch``, ``_global_test_batch``,
   ``_writers``; ``keras.callbacks.ModelCheckpoint._save_model``, ``_get_file_path``,
   ``_should_save_model`` (Keras 3.10+; before, its decision is made here as those versions
-  make it), ``monitor_op``, ``best`` (the methods' parameters are checked).
+  make it), ``monitor_op``, ``best`` (the methods' parameters are checked);
+  ``keras.src.utils.io_utils.print_msg`` (Keras 3.8 and 3.9's save lines).
 - `variables` (trainable-only checkpoints and LoRA): ``Layer._layers``, ``_flatten_layers``,
   ``_trainable_variables``, ``_non_trainable_variables``.
 - `saving_lib`, `stores`, `saving` (snapshots written in the background), `loading` (fast
