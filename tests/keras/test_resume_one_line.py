@@ -97,3 +97,17 @@ def test_every_resume_says_one_line_on_stderr(tmp_path: Path) -> None:
                         r"continues at epoch 2 \(taking over the writer lease of a process that is gone\)",
                         said[0]), said
     assert "resumable: resumed" in second.stderr
+
+
+def test_an_uncompiled_model_from_build_model_is_refused_in_one_line(tmp_path: Path) -> None:
+    import keras
+
+    import resumable
+
+    def build() -> keras.Model:
+        return keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])  # compile forgotten
+
+    with pytest.raises(ValueError) as refused:
+        resumable.resume(str(tmp_path / "run"), build_model=build)
+    assert str(refused.value) == (
+        "build_model() returned a model that is not compiled: call model.compile(...) inside build_model")
