@@ -4,7 +4,8 @@ resumable.ModelCheckpoint overrides and calls of ``keras.callbacks.ModelCheckpoi
 Reaches ``TensorBoard._global_train_batch``, ``_global_test_batch`` and ``_writers``, and
 ``ModelCheckpoint._save_model``, ``_get_file_path``, ``_should_save_model`` (Keras 3.10+;
 before, its decision is made here as those versions make it), ``monitor_op`` and ``best``; and
-``keras.src.utils.io_utils.print_msg``, the print of Keras' callbacks (no public name for it).
+``keras.src.utils.io_utils.print_msg``, the print of Keras' callbacks (no public name for it);
+and whether ``_save_model``'s source prints a "finished saving" line.
 """
 
 from __future__ import annotations
@@ -66,6 +67,17 @@ def model_checkpoint_internals() -> str | None:
             return unsupported(f"keras.callbacks.ModelCheckpoint.{name}{params}") + (
                 "; use keras.callbacks.ModelCheckpoint, or a Keras version resumable supports")
     return None
+
+
+@functools.cache
+def says_finished_saving() -> bool:
+    """Whether Keras' ModelCheckpoint prints "Epoch N: finished saving model to ..." after each
+    save with verbose (Keras 3.13 does; 3.8 and 3.10 do not): read in ``_save_model``'s source.
+    Where the source cannot be read, as the newest Keras does."""
+    try:
+        return "finished saving" in inspect.getsource(keras.callbacks.ModelCheckpoint._save_model)
+    except (OSError, TypeError, AttributeError):
+        return True
 
 
 def should_save_model(callback: keras.callbacks.ModelCheckpoint, epoch: int, batch: int | None,
