@@ -9,12 +9,13 @@ generator in its place (its ``random`` attribute: only where it is the global mo
 
 Checked against (module: what it draws): gcsfs 2025.3.0 and 2026.10.1 (``gcsfs.retry``: retry
 jitter; ``gcsfs.core._rm_files`` imports ``random`` inside the function and cannot be reached,
-resumable deletes one file at a time), google-api-core 2.30.3 and 2.44.0
-(``retry.retry_base``: retry jitter), google-auth 2.49.0 and 2.63.0 (``_exponential_backoff``),
-google-cloud-storage 3.13.1 and 3.17.1 (``_media._upload``: multipart boundaries),
-google-resumable-media 2.10.1 and 2.11.0 (``_helpers``: jitter; ``_upload``: boundaries),
-urllib3 2.5.0 and 2.8.0 (``util.retry``: jitter), aiohttp 3.14.3 and 3.14.5 (``connector``: the
-order waiting requests are served in).
+resumable deletes one file at a time), google-api-core 2.25.1, 2.30.3 and 2.44.0
+(``retry.retry_base``: retry jitter), google-auth 2.38.0, 2.49.0 and 2.63.0
+(``_exponential_backoff``), google-cloud-storage 2.19.0 (none: google-resumable-media's), 3.13.1
+and 3.17.1 (``_media._upload``: multipart boundaries), google-resumable-media 2.7.2, 2.10.1 and
+2.11.0 (``_helpers``: jitter; ``_upload``: boundaries), urllib3 2.5.0 and 2.8.0 (``util.retry``:
+jitter), aiohttp 3.12.15, 3.14.3 and 3.14.5 (``connector``: the order waiting requests are
+served in).
 """
 
 from __future__ import annotations
