@@ -368,7 +368,6 @@ def resume(
         info, local, model = loaded
         restore_checkpoint(callback, info, local, reads)
         _say_once(_resumed_line(callback, info, lease))
-        _say_if_other_backend(info)
         return Run(model, callback, info, strategy, distribution, build_model)
     if build_model is None:
         raise CheckpointNotFoundError(
@@ -385,13 +384,15 @@ def resume(
 
 def _resumed_line(callback: CheckpointCallback, info: CheckpointInfo, lease: str | None) -> str:
     """The one line of a resume: the folder, the checkpoint and its monitored value, where training
-    continues (the batch too, mid-epoch), what happens to another process' lease."""
+    continues (the batch too, mid-epoch); in brackets, a backend switched since (a switched Colab
+    runtime) and what happens to another process' lease."""
     value = info.metrics.get(callback.monitor) if callback.monitor else None
     metric = f" ({callback.monitor} {value:.4g})" if isinstance(value, (int, float)) else ""
     batch = f", batch {callback.resume_batch + 1}" if callback.resume_batch else ""
     line = (f"resumable: resumed {callback.manager.url} from {info.name}{metric}: training continues at "
             f"epoch {callback.epochs_done + 1}{batch}")
-    return printable(line) + (f" ({lease})" if lease else "")
+    notes = "; ".join(note for note in (_other_backend(info), lease) if note)
+    return printable(line) + (f" ({notes})" if notes else "")
 
 
 def _say_once(message: str) -> None:
@@ -404,17 +405,15 @@ _BACKEND_NAMES = {"tensorflow": "TensorFlow", "jax": "JAX", "torch": "PyTorch", 
                   "openvino": "OpenVINO"}
 
 
-def _say_if_other_backend(info: CheckpointInfo) -> None:
-    """One line when the checkpoint was written on another Keras backend (a switched Colab runtime)."""
+def _other_backend(info: CheckpointInfo) -> str | None:
+    """A few words when the checkpoint was written on another Keras backend (a switched Colab runtime)."""
     written = info.manifest.state.get("backend") if info.manifest is not None else None
     current = keras.backend.backend()
     if not isinstance(written, str) or written == current:
-        return
-    message = printable(  # the backend's name is read from the run folder
-        f"resumable: resumed {info.url}, written with {_BACKEND_NAMES.get(written, written)}, on "
-        f"{_BACKEND_NAMES.get(current, current)}: epochs and state continue exactly, floating point does not")
-    print(message, flush=True)
-    logger.info("%s", message)
+        return None
+    return printable(  # the backend's name is read from the run folder
+        f"written with {_BACKEND_NAMES.get(written, written)}, on {_BACKEND_NAMES.get(current, current)}: "
+        "epochs and state continue exactly, floating point does not")
 
 
 class _RunEpochs(keras.callbacks.ProgbarLogger):
