@@ -16,10 +16,10 @@ import contextlib
 import datetime
 import logging
 import os
-import warnings
 from pathlib import Path
 from typing import Any
 
+from resumable.core import user_warnings
 from resumable.keras import compat, loading, multihost, snapshot
 from resumable.keras.callback import CheckpointCallback
 from resumable.keras.restore import restore_checkpoint
@@ -179,7 +179,7 @@ class BackupAndRestore(CheckpointCallback):
         """The newest backup that loads, loaded into ``model``, and its folder; None if none.
         ``reads``: its state.json and arrays.npz, read once for the load and the restore."""
         def warn(problem: str) -> None:
-            warnings.warn(f"resumable: {problem}", stacklevel=6)
+            user_warnings.warn(f"resumable: {problem}")
 
         if multihost.split_across_processes(model):  # #36: every process its part, of the same backup
             job = multihost.JobResume(self.manager, timeout=self.barrier_timeout)

@@ -328,9 +328,10 @@ class CheckpointCallback(OptionAttributes, keras.callbacks.Callback):
             self.print_lines(fit_ended=True)
             self.release_lease()
 
-    def warn_if_leased(self) -> None:
-        """Warn at once when another live process writes the run folder (`resume`: fit would stop)."""
-        self.fit_lease.warn_if_held()
+    def lease_note(self) -> str | None:
+        """What fit does with another process' writer lease, for `resume`'s line (warning at once
+        when a live one would stop fit): `FitLease.lease_note`."""
+        return self.fit_lease.lease_note()
 
     def release_lease(self) -> None:
         """Give the run folder's writer lease back (at train end; `Run.fit` after an exception)."""

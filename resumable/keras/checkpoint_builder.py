@@ -15,7 +15,6 @@ import functools
 import logging
 import shutil
 import time
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import Any
 
 import keras
 
+from resumable.core import user_warnings
 from resumable.core.errors import NoSpaceError
 from resumable.core.manifest import FileEntry, Manifest
 from resumable.keras import (
@@ -189,7 +189,7 @@ class CheckpointBuilder:
     def _no_room(self, name: str, staging: Path | None) -> None:
         """The disk cannot hold checkpoint ``name`` (the staging folder's; None: the run folder's):
         one warning, training goes on."""
-        warnings.warn(f"resumable: {self._no_space_line(staging, name)}", stacklevel=5)
+        user_warnings.warn(f"resumable: {self._no_space_line(staging, name)}")
 
     def _no_space_line(self, staging_dir: Path | None, name: str) -> str:
         return no_space_line(name, self.manager.last_checkpoint, staging_dir=staging_dir,

@@ -12,12 +12,12 @@ from __future__ import annotations
 import functools
 import sys
 import threading
-import warnings
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar, cast
 
 import keras
 
+from resumable.core import user_warnings
 from resumable.keras import multihost, notebook, topology, training_state
 from resumable.keras.commit_lines import CommitLines
 from resumable.keras.save_options import SaveOptions
@@ -98,16 +98,27 @@ class FitLease:
             raise
         return epochs_done if found is None else found
 
-    def warn_if_held(self) -> None:
-        """Warn at once when another live process writes the run folder (`resume`: fit would stop)."""
-        holder = self.manager.blocking_writer()
-        if holder is not None:
-            warnings.warn(
-                f"resumable: {self.options.filepath} is being written by another process "
-                f"({holder.describe()}); run.fit will stop with LeaseHeldError unless that process stops or "
-                "you pass takeover=True",
-                stacklevel=4,
-            )
+    def lease_note(self) -> str | None:
+        """For `resume`'s line: what run.fit does with another process' writer lease, in a few
+        words ("taking over the writer lease of a process that is gone"), that takeover then
+        logged and not warned again; None without one. A live writer that would stop run.fit is
+        warned of at once (its loading needs no lease)."""
+        found = self.manager.other_writer()
+        if found is None:
+            return None
+        holder, server_age = found
+        left = holder.left_behind(server_age)
+        if left is None and self.manager.takeover:
+            left = f"of {holder.describe()}, as takeover=True asks"
+        elif left is None:
+            if holder.blocks(server_age):
+                user_warnings.warn(
+                    f"resumable: {self.options.filepath} is being written by another process "
+                    f"({holder.describe()}); run.fit will stop with LeaseHeldError unless that process stops "
+                    "or you pass takeover=True")
+            return None  # another machine's silent lease: run.fit watches it, saying so
+        self.manager.lease.announced = holder.token
+        return f"taking over the writer lease {left}"
 
     def end_after_error(self) -> None:
         """An exception ended the fit: print the lines held, land the uploads, give the lease back."""

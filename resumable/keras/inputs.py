@@ -18,12 +18,12 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-import warnings
 from collections.abc import Iterator
 from typing import Any
 
 import keras
 
+from resumable.core import user_warnings
 from resumable.core.display import printable
 from resumable.keras import compat, positioning, py_dataset, tf_data, user_state
 from resumable.keras.input_roles import (
@@ -198,7 +198,7 @@ class Feed(keras.callbacks.Callback):
                             f"{problem}")
         self.problems.append(message)
         if self.resumed:
-            warnings.warn(message, stacklevel=4)
+            user_warnings.warn(message)
         else:
             logger.info("%s", message)
 

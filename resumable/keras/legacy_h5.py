@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import logging
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +33,7 @@ import h5py
 import keras
 import numpy as np
 
+from resumable.core import user_warnings
 from resumable.core.display import printable
 from resumable.keras import compat
 
@@ -114,9 +114,9 @@ def load_model(path: Path, **kwargs: Any) -> keras.Model:
                 model = keras.saving.load_model(str(path), compile=False, **kwargs)
             except Exception:
                 raise e from None
-            warnings.warn(f"resumable: {path.name}: Keras {keras.__version__} cannot compile the model "
-                          f"from this file's training config ({printable(str(e))[:200]}); loaded "
-                          "uncompiled: call model.compile(...) before fit", stacklevel=3)
+            user_warnings.warn(f"resumable: {path.name}: Keras {keras.__version__} cannot compile the model "
+                               f"from this file's training config ({printable(str(e))[:200]}); loaded "
+                               "uncompiled: call model.compile(...) before fit")
             return model
     if compile_model:
         restore_optimizer(model, path)
@@ -145,10 +145,10 @@ def restore_optimizer(model: keras.Model, path: Path) -> None:
     shapes = [tuple(v.shape) for v in optimizer.variables]
     saved = [tuple(np.shape(v)) for v in values]
     if shapes != saved:
-        warnings.warn(
+        user_warnings.warn(
             f"resumable: {path.name}: the optimizer state saved there ({len(saved)} variables) does not fit "
             f"this model's {type(optimizer).__name__} ({len(shapes)} variables): training continues with "
-            "a fresh optimizer state (a file written by Keras 2, or by another model)", stacklevel=4)
+            "a fresh optimizer state (a file written by Keras 2, or by another model)")
         return
     optimizer.set_weights(values)
 

@@ -334,6 +334,11 @@ def build(build_model: Callable[[], keras.Model]) -> keras.Model:
             "Invalid value for argument `build_model`. Received: a function returning "
             f"{type(model).__name__}. Expected a function that returns a compiled keras.Model."
         )
+    compiled = getattr(model, "compiled", None)
+    if not (compiled if compiled is not None else getattr(model, "optimizer", None) is not None):
+        # said here, not by Keras' "You must call compile()" at the first fit
+        raise ValueError("build_model() returned a model that is not compiled: call model.compile(...) "
+                         "inside build_model")
     return model
 
 

@@ -67,7 +67,8 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
             local, ``/content/drive/...``, ``gs://bucket/...`` or another fsspec URL.
         monitor: As in Keras. Defaults to ``"val_loss"``.
         verbose: As in Keras: 0 is silent, 1 prints Keras' lines ("Epoch 3: saving model to
-            ...", "... finished saving model to ...", the latter once the file has landed);
+            ...", and where this Keras prints it, "... finished saving model to ..." once the file
+            has landed);
             ``"auto"`` means 1. Defaults to 0.
         save_best_only: As in Keras. Defaults to False.
         save_weights_only: As in Keras. Defaults to False.
@@ -189,7 +190,8 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
             "metrics": floats, "weights_only": bool(self.save_weights_only), "keras": keras.__version__,
             "saved_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         })
-        line = f"\nEpoch {epoch + 1}: finished saving model to {filepath}" if self.verbose else None
+        said = self.verbose and compat.says_finished_saving()  # as this Keras' own ModelCheckpoint
+        line = f"\nEpoch {epoch + 1}: finished saving model to {filepath}" if said else None
         self.writer.submit(FileJob(local, target, details, on_landed=lambda _: self._landed(target, line)))
         if not self.async_upload:
             self.print_lines()  # written inside the save: said where Keras says it

@@ -14,12 +14,12 @@ import errno
 import os
 import shutil
 import tempfile
-import warnings
 from pathlib import Path
 from typing import Any
 
 import keras
 
+from resumable.core import user_warnings
 from resumable.keras import legacy_h5
 from resumable.keras.saving import no_tensorflow_import
 from resumable.keras.state_file import jsonable
@@ -91,9 +91,8 @@ def _local_copy(filepath: str | os.PathLike[str], storage_options: dict[str, Any
     cache = Path(tempfile.mkdtemp(prefix="resumable-load-"))
     path, record = target.fetch(cache)
     if record is None:
-        warnings.warn(f"resumable: {target.url} has no checksum record ({target.name} was not written by "
-                      "resumable, or its writer was killed before the record): loaded unverified",
-                      stacklevel=3)
+        user_warnings.warn(f"resumable: {target.url} has no checksum record ({target.name} was not written "
+                           "by resumable, or its writer was killed before the record): loaded unverified")
     if legacy_h5.is_legacy_name(path.name) and not path.name.endswith(".h5"):
         staged = cache / legacy_h5.staged_name(path.name)  # Keras reads legacy HDF5 by its suffix
         if path.parent == cache:

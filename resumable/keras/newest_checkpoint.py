@@ -5,13 +5,13 @@ one skipped with a warning and marked so; in a job of several processes, the one
 from __future__ import annotations
 
 import logging
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import keras
 
+from resumable.core import user_warnings
 from resumable.core.display import printable
 from resumable.core.errors import CorruptCheckpointError, ResumableError
 from resumable.keras import loading, multihost, topology
@@ -31,7 +31,7 @@ def load_newest(manager: RunManager, build_model: Callable[[], keras.Model] | No
     one that comes down damaged makes the checkpoint damaged, and the next older one is tried.
     """
     def warn(problem: str) -> None:
-        warnings.warn(f"resumable: {problem}", stacklevel=5)
+        user_warnings.warn(f"resumable: {problem}")
 
     if topology.process_count() > 1:  # every process must resume from the one process 0 chose
         job = multihost.JobResume(manager, timeout=barrier_timeout)  # #36: a model split across processes

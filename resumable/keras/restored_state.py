@@ -10,12 +10,12 @@ metrics' running totals and its optimizer's learning rate. Also where the inputs
 from __future__ import annotations
 
 import logging
-import warnings
 from collections.abc import Sequence
 from typing import Any
 
 import keras
 
+from resumable.core import user_warnings
 from resumable.keras import training_state
 from resumable.keras.inputs import describe, plain_fit_problem
 from resumable.manager.storage_names import CheckpointInfo
@@ -80,11 +80,10 @@ class RestoredState:
         into ``callbacks``, the RNG states set; a mid-epoch checkpoint's epoch restarts from its
         first batch unless the fit starts at that batch (`begin_partial_epoch`)."""
         if self.batch and not self.batch_offset:
-            warnings.warn(
+            user_warnings.warn(
                 f"resumable: {self.checkpoint.url if self.checkpoint else run} was saved "
                 f"{self.batch} batches into epoch {epoch + 1}; model.fit cannot start there, so "
-                "that epoch restarts from its first batch (run.fit continues at the saved batch)",
-                stacklevel=3,
+                "that epoch restarts from its first batch (run.fit continues at the saved batch)"
             )
             self.replay_epoch()
         if self._pending is None:
@@ -122,8 +121,8 @@ class RestoredState:
         problem = None if x is None else plain_fit_problem(x)
         if problem is not None and not self._said_plain_fit:
             self._said_plain_fit = True
-            warnings.warn(f"resumable: the training input ({describe(x)}) cannot be replayed exactly: "
-                          f"{problem}", stacklevel=3)
+            user_warnings.warn(f"resumable: the training input ({describe(x)}) cannot be replayed exactly: "
+                               f"{problem}")
 
     def add_metrics(self, model: keras.Model, logs: dict[str, Any] | None = None) -> None:
         """Once the first batch of a resumed epoch has built ``model``'s metrics, add the saved

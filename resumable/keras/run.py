@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import logging
 import signal
-import warnings
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import keras
 
+from resumable.core import user_warnings
 from resumable.core.display import printable
 from resumable.core.errors import (
     CheckpointNotFoundError,
@@ -178,7 +179,7 @@ class Run:
                 if feed.problems:  # the input's problem was said: once is enough
                     logger.info("%s", message)
                 else:
-                    warnings.warn(message, stacklevel=3)
+                    user_warnings.warn(message)
                 self.callback.restored_state.replay_epoch()
             else:
                 if feed.arguments.get("verbose", 1):
@@ -229,7 +230,7 @@ class Run:
             try:  # another callback raised before ours ran in that hook: save what Keras' would have
                 save_after_error(self.callback)
             except Exception as e:  # noqa: BLE001 - never mask the exception
-                warnings.warn(f"resumable: could not save after the error: {e}", stacklevel=3)
+                user_warnings.warn(f"resumable: could not save after the error: {e}")
         if not interrupt or stops.abandoned:
             self._finish_uploads(quiet=True)
             return
@@ -295,7 +296,7 @@ class Run:
             if isinstance(e, LeaseLostError):  # said once, by the error that ends the fit
                 logger.info("resumable: %s", e)
                 return
-            warnings.warn(f"resumable: {e}", stacklevel=3)
+            user_warnings.warn(f"resumable: {e}")
 
     def _final_weights(self, callbacks: list[keras.callbacks.Callback]) -> str:
         """A run that is over: the model as an unbroken run ends it (EarlyStopping's best weights)."""
@@ -360,17 +361,13 @@ def resume(
     callback = CheckpointCallback(filepath, **callback_args)
     callback.strategy = strategy
     manager = callback.manager
-    callback.warn_if_leased()  # before a download that fit would waste
+    lease = callback.lease_note()  # before a download that fit would waste
     reads = loading.ReadOnce()
     loaded = load_newest(manager, build_model, strategy, distribution, callback.barrier_timeout, reads)
     if loaded is not None:
         info, local, model = loaded
         restore_checkpoint(callback, info, local, reads)
-        logger.info("resumable: resumed %s at epoch %d, step %d", printable(info.url), info.epoch, info.step)
-        _say_if_other_backend(info)
-        if info.manifest is not None and info.manifest.batch:
-            logger.info("resumable: %s was saved %d batches into epoch %d; run.fit continues there",
-                        info.url, info.manifest.batch, info.manifest.epoch + 1)
+        _say_once(_resumed_line(callback, info, lease))
         return Run(model, callback, info, strategy, distribution, build_model)
     if build_model is None:
         raise CheckpointNotFoundError(
@@ -381,24 +378,42 @@ def resume(
         model = loading.build(build_model)
     if manager.damaged:
         callback.restore_nothing(manager.damaged)
+    _say_once(f"resumable: starting a new run in {printable(manager.url)}" + (f" ({lease})" if lease else ""))
     return Run(model, callback, None, strategy, distribution, build_model)
+
+
+def _resumed_line(callback: CheckpointCallback, info: CheckpointInfo, lease: str | None) -> str:
+    """The one line of a resume: the folder, the checkpoint and its monitored value, where training
+    continues (the batch too, mid-epoch); in brackets, a backend switched since (a switched Colab
+    runtime) and what happens to another process' lease."""
+    value = info.metrics.get(callback.monitor) if callback.monitor else None
+    metric = f" ({callback.monitor} {value:.4g})" if isinstance(value, (int, float)) else ""
+    batch = f", batch {callback.resume_batch + 1}" if callback.resume_batch else ""
+    line = (f"resumable: resumed {callback.manager.url} from {info.name}{metric}: training continues at "
+            f"epoch {callback.epochs_done + 1}{batch}")
+    notes = "; ".join(note for note in (_other_backend(info), lease) if note)
+    return printable(line) + (f" ({notes})" if notes else "")
+
+
+def _say_once(message: str) -> None:
+    """A line every resume shows where users look: stderr, which a notebook shows (and the log)."""
+    print(message, file=sys.stderr, flush=True)
+    logger.info("%s", message)
 
 
 _BACKEND_NAMES = {"tensorflow": "TensorFlow", "jax": "JAX", "torch": "PyTorch", "numpy": "NumPy",
                   "openvino": "OpenVINO"}
 
 
-def _say_if_other_backend(info: CheckpointInfo) -> None:
-    """One line when the checkpoint was written on another Keras backend (a switched Colab runtime)."""
+def _other_backend(info: CheckpointInfo) -> str | None:
+    """A few words when the checkpoint was written on another Keras backend (a switched Colab runtime)."""
     written = info.manifest.state.get("backend") if info.manifest is not None else None
     current = keras.backend.backend()
     if not isinstance(written, str) or written == current:
-        return
-    message = printable(  # the backend's name is read from the run folder
-        f"resumable: resumed {info.url}, written with {_BACKEND_NAMES.get(written, written)}, on "
-        f"{_BACKEND_NAMES.get(current, current)}: epochs and state continue exactly, floating point does not")
-    print(message, flush=True)
-    logger.info("%s", message)
+        return None
+    return printable(  # the backend's name is read from the run folder
+        f"written with {_BACKEND_NAMES.get(written, written)}, on {_BACKEND_NAMES.get(current, current)}: "
+        "epochs and state continue exactly, floating point does not")
 
 
 class _RunEpochs(keras.callbacks.ProgbarLogger):

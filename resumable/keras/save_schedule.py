@@ -8,10 +8,10 @@ plain numbers (tests/keras/test_save_schedule.py).
 from __future__ import annotations
 
 import time
-import warnings
 from collections.abc import Callable
 from typing import Any
 
+from resumable.core import user_warnings
 from resumable.core.policy import is_better
 
 
@@ -80,10 +80,10 @@ class SaveSchedule:
         elif current is None and not mid_epoch and self.keep_best and not self._monitor_warned:
             self._monitor_warned = True
             logged = ", ".join(sorted(logs)) or "nothing"
-            warnings.warn(
+            user_warnings.warn(
                 f"resumable: monitor={self.monitor!r} is not among the metrics fit logged at the end of "
                 f"epoch {epoch} ({logged}), so keep_best={self.keep_best} protects no checkpoint; "
-                "pass monitor= one of those (Keras 3 logs 'val_accuracy', not 'val_acc')", stacklevel=4,
+                "pass monitor= one of those (Keras 3 logs 'val_accuracy', not 'val_acc')",
             )
         improved = current is not None and is_better(current, self.best, self.mode)
         if self.save_best_only and not improved:
@@ -102,10 +102,10 @@ class SaveSchedule:
             return
         self.best = self.best_in_history(history)
         if (best, self.best) != (None, None):
-            warnings.warn(
+            user_warnings.warn(
                 f"resumable: {source} tracked the best {monitor!r} (mode {mode!r}); this run monitors "
                 f"{self.monitor!r} (mode {self.mode!r}), so its best is taken from the run's history: "
-                f"{self.best}", stacklevel=5,  # resume()'s caller (via restore_checkpoint, callback.restore)
+                f"{self.best}",
             )
 
     def best_in_history(self, history: list[dict[str, float]]) -> float | None:
@@ -126,10 +126,9 @@ def _check_monitor_logged(monitor: str, epoch: int, logs: dict[str, float]) -> N
     """
     logged = ", ".join(sorted(logs)) or "nothing"
     if monitor.startswith("val_") and not any(key.startswith("val_") for key in logs):
-        warnings.warn(
+        user_warnings.warn(
             f"resumable: monitor={monitor!r} is not logged without validation and save_best_only=True "
             f"saves no checkpoint until it is; pass validation_data to fit (logged: {logged})",
-            stacklevel=4,
         )
         return
     raise ValueError(

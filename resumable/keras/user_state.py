@@ -29,11 +29,11 @@ from __future__ import annotations
 
 import logging
 import math
-import warnings
 from typing import Any
 
 import numpy as np
 
+from resumable.core import user_warnings
 from resumable.core.display import printable
 
 logger = logging.getLogger("resumable")
@@ -131,7 +131,7 @@ def _warn_once(message: str) -> None:
     """Once a session: states are captured at every save."""
     if message not in _warned:
         _warned.add(message)
-        warnings.warn(printable(message), stacklevel=5)
+        user_warnings.warn(printable(message))
 
 
 def _shown(value: Any) -> str:

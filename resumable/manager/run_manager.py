@@ -168,6 +168,10 @@ class RunManager:
         """Another live process that holds the lease (`acquire` would fail), or None. Reads only."""
         return None if self.takeover else self.reader.blocking_writer()
 
+    def other_writer(self) -> tuple[LeaseInfo, float | None] | None:
+        """Another process' lease, live or not, with its age by the storage's clock. Reads only."""
+        return self.reader.other_writer()
+
     def writing(self, *, force: bool = False) -> contextlib.AbstractContextManager[LeaseInfo | None]:
         """Hold the lease for a one-off change such as pruning.
 

@@ -108,6 +108,12 @@ class RunReader:
 
     def blocking_writer(self) -> LeaseInfo | None:
         """Another live process that holds the lease (acquiring it would fail), or None."""
+        found = self.other_writer()
+        return found[0] if found is not None and found[0].blocks(found[1]) else None
+
+    def other_writer(self) -> tuple[LeaseInfo, float | None] | None:
+        """The lease of another process, live or not, and its age by the storage's clock (None
+        where it does not tell); None without one."""
         try:
             holder = read_lease(self.storage)
         except ResumableError:
@@ -118,7 +124,7 @@ class RunReader:
             server_age = self.storage.run_file_server_age(LEASE_NAME)
         except ResumableError:
             server_age = None
-        return holder if holder.blocks(server_age) else None
+        return holder, server_age
 
     # ------------------------------------------------------------------ the newest good checkpoint
 

@@ -87,6 +87,7 @@ class RunWriter:
         """Become the run folder's only writer (LeaseHeldError naming the holder), renewed until `release`."""
         self.lease.acquire(takeover=self.options.takeover)
         self.lease.start_renewing()
+        self.storage.remove_stray_index_copies()  # a killed writer's; no other writer runs now
 
     @contextlib.contextmanager
     def writing(self, *, force: bool = False) -> Iterator[LeaseInfo | None]:

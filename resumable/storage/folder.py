@@ -19,7 +19,7 @@ from resumable.core.checksum import crc32c_from_gcs
 from resumable.core.errors import NotAFolderError, ResumableError, StorageError
 from resumable.core.manifest import MANIFEST_NAME, is_safe_relative
 from resumable.core.naming import is_plain_name
-from resumable.storage import gcsfs_compat
+from resumable.storage import gcsfs_compat, library_random
 from resumable.storage.errors import BoundedRequest, quiet_library_logs, translate
 from resumable.storage.local_files import LINK_PROBLEM, LinkInRunError, clear_for_write, fsync, link_below
 from resumable.storage.mounts import check_drive_mounted
@@ -61,6 +61,8 @@ class RunFolder:
             raise ResumableError("the run folder URL is empty; pass a folder or gs://bucket/prefix")
         self.url = url.rstrip("/") or url
         self.retry = retry or RetryPolicy()
+        if self.url.split("://", 1)[0] in ("gs", "gcs"):
+            library_random.isolate()  # before gcsfs' first request: its retries draw no global random
         try:
             self.fs, root = fsspec.core.url_to_fs(self.url, **(storage_options or {}))
         except Exception as e:

@@ -22,6 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from resumable.storage import library_random
+
 if TYPE_CHECKING:  # imported when first used: local-only users never load them
     from google.auth.transport.requests import AuthorizedSession
     from google.cloud.storage import Blob, Bucket, Client
@@ -131,6 +133,7 @@ def _build(settings: _Settings) -> GcsClient:
     from google.auth.transport.requests import AuthorizedSession
     from google.cloud import storage
 
+    library_random.isolate()  # as RunFolder does, for a filesystem opened elsewhere
     credentials = settings.credentials if settings.credentials is not None else AnonymousCredentials()
     options: dict[str, str] = {}
     if settings.endpoint:

@@ -10,16 +10,47 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import re
 from collections.abc import Callable
 
 from resumable.core.errors import ResumableError
 from resumable.core.manifest import MANIFEST_NAME, Manifest
-from resumable.storage import run_index
+from resumable.storage import run_index, this_machine
 from resumable.storage.folder import RunFolder
 from resumable.storage.records import CheckpointInfo, indexed_info
 from resumable.storage.run_index import INDEX_NAME, IndexRow
 
 logger = logging.getLogger("resumable")
+
+
+# The temporary copy `RunFolder.replace_file` writes the index through on a local folder: a writer
+# killed between its write and its rename leaves it behind.
+_STRAY_COPY = re.compile(re.escape(INDEX_NAME) + r"\.(\d+)\.tmp")
+
+
+def remove_stray_copies(folder: RunFolder) -> list[str]:
+    """Delete the ``index.json.<pid>.tmp`` files that writers gone from this machine left directly
+    in a local run folder (that name only; links are never followed nor removed); the names
+    deleted. For the writer that has just taken the lease: no other writer runs then."""
+    if not folder.is_local:
+        return []
+    removed = []
+    try:
+        with os.scandir(folder.root) as entries:
+            for entry in entries:
+                match = _STRAY_COPY.fullmatch(entry.name)
+                if match is None or not entry.is_file(follow_symlinks=False):
+                    continue
+                pid = int(match.group(1))
+                if pid == os.getpid() or this_machine.process_start(pid) != -1:
+                    continue  # ours, or a process that still runs here (or one this machine cannot tell)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(entry.path)
+                removed.append(entry.name)
+    except OSError as e:  # a leftover is harmless: never fail a fit's start for it
+        logger.info("resumable: could not remove stray index copies in %s: %s", folder.url, e)
+    return removed
 
 
 def read_index(folder: RunFolder) -> dict[str, IndexRow]:

@@ -117,6 +117,7 @@ class Lease:
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.announced: str | None = None  # the token of a lease whose takeover was said already
 
     def __repr__(self) -> str:
         return f"Lease({self.storage.url!r}, held={self.held})"
@@ -156,7 +157,8 @@ class Lease:
                     if blob == data:  # our create landed, and its retry saw it
                         version = current
                     else:
-                        current = may_take(self.storage, LeaseInfo.from_json(blob), current, takeover)
+                        current = may_take(self.storage, LeaseInfo.from_json(blob), current, takeover,
+                                           self.announced)
                         if current is None:
                             continue  # released, renewed by a new holder or torn while we watched: look again
                         version = self.storage.replace_run_file(LEASE_NAME, data, current)

@@ -25,12 +25,15 @@ TORN_GRACE = 10.0  # an unreadable lease.json this young (by its mtime) may stil
 TORN_POLL = 0.2  # seconds between reads while one is watched
 
 
-def may_take(storage: RunStorage, holder: LeaseInfo | None, version: Any, takeover: bool) -> Any | None:
+def may_take(storage: RunStorage, holder: LeaseInfo | None, version: Any, takeover: bool,
+             announced: str | None = None) -> Any | None:
     """Decide whether the lease found (at ``version``) may be taken over; LeaseHeldError if not.
 
     Returns the version to replace, or None when the lease changed while another machine's
-    was watched (`_watch`) and must be looked at again.
+    was watched (`_watch`) and must be looked at again. ``announced``: the token of a lease
+    whose takeover the user was told of already (`resume`'s line): logged, not warned again.
     """
+    warn = logger.info if holder is not None and holder.token == announced else logger.warning
     if holder is None:
         if not takeover and not _torn_settled(storage, version):
             return None  # written meanwhile: look again
@@ -38,16 +41,16 @@ def may_take(storage: RunStorage, holder: LeaseInfo | None, version: Any, takeov
     elif holder.mine():
         logger.info("resumable: taking over the writer lease an earlier fit of this process held")
     elif holder.process_gone():
-        logger.warning("resumable: taking over the writer lease of %s: that process no longer runs",
+        warn("resumable: taking over the writer lease of %s: that process no longer runs",
                        holder.describe())
     elif takeover:
-        logger.warning("resumable: takeover=True: taking over the writer lease of %s; that process "
+        warn("resumable: takeover=True: taking over the writer lease of %s; that process "
                        "stops writing at its next save", holder.describe())
     else:
         server_age = storage.run_file_server_age(LEASE_NAME)
         if holder.stale(server_age=server_age):
             clock = "the storage's clock" if server_age is not None else "this machine's clock"
-            logger.warning("resumable: taking over the stale writer lease of %s (not renewed for %s by "
+            warn("resumable: taking over the stale writer lease of %s (not renewed for %s by "
                            "%s; stale after %s)", holder.describe(),
                            ago(server_age if server_age is not None else holder.age()), clock,
                            ago(holder.timeout))

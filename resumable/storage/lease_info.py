@@ -143,6 +143,17 @@ class LeaseInfo:
         silent = server_age if server_age is not None else self.age()
         return self.on_this_machine() or silent <= MIN_WATCH * self.interval
 
+    def left_behind(self, server_age: float | None = None) -> str | None:
+        """Why a writer takes this lease over without asking, in a few words ("of a process that
+        is gone", "not renewed for 5 min"); None when it is this process' own or blocks."""
+        if self.mine():
+            return None
+        if self.process_gone():
+            return "of a process that is gone"
+        if self.stale(server_age=server_age):
+            return f"not renewed for {ago(server_age if server_age is not None else self.age())}"
+        return None
+
     def describe(self, now: dt.datetime | None = None) -> str:
         """``host 'a', process 12, since 2026-11-22 06:10:03 UTC, renewed 35 s ago``."""
         return (f"host {self.host!r}, process {self.pid}, since {show_moment(self.started)}, "

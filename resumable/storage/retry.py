@@ -35,6 +35,10 @@ logger = logging.getLogger("resumable")
 
 T = TypeVar("T")
 
+# The backoff's jitter: a generator of its own, never the global `random` a user's seeded
+# training draws from (see `library_random`).
+_JITTER = random.Random()
+
 TRANSIENT_ERRNOS = frozenset(
     {
         errno.EIO,
@@ -180,7 +184,7 @@ class RetryPolicy:
             except Exception as exc:
                 if attempt == self.attempts or not is_transient(exc):
                     raise
-                wait = min(delay, self.max_delay) * (0.5 + random.random() / 2)
+                wait = min(delay, self.max_delay) * (0.5 + _JITTER.random() / 2)
                 left = time_left()
                 if left is not None and wait >= left:
                     raise  # out of budget: the error as it is, not a wait that ends too late

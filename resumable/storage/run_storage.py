@@ -22,7 +22,7 @@ from resumable.core.manifest import FileEntry, Manifest
 from resumable.core.naming import DEFAULT_TEMPLATE, NameTemplate
 from resumable.storage.commit import Committer
 from resumable.storage.folder import RunFolder
-from resumable.storage.index_upkeep import IndexUpkeep
+from resumable.storage.index_upkeep import IndexUpkeep, remove_stray_copies
 from resumable.storage.listing import Listing
 from resumable.storage.records import CheckpointInfo, ListedFile, Status
 from resumable.storage.retry import RetryPolicy
@@ -273,6 +273,11 @@ class RunStorage:
             else:
                 listed[checkpoint.name] = dict(checkpoint.listed) if checkpoint.checked else {}
         return self._committer.delete_listed(listed)
+
+    def remove_stray_index_copies(self) -> builtins.list[str]:
+        """Delete what writers gone from this machine left of their index writes in a local run
+        folder (``index.json.<pid>.tmp``); the names deleted. For a writer that holds the lease."""
+        return remove_stray_copies(self._folder)
 
     def delete_index(self) -> None:
         """Delete the run index once every checkpoint is deleted, after the lease check (`fence`)."""

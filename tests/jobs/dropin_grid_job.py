@@ -78,6 +78,10 @@ MODEL_CHECKPOINT_CASES = [
          {"staging_dir": "<tmp>/staging"}, keras_template="w-{epoch}.weights.h5"),
 ]
 
+# The cases whose printing reaches Keras-version-dependent code (the save decision and its lines,
+# made by resumable before Keras 3.10): every lane runs these (`run_printing_cases`).
+PRINTING_CASES = [MODEL_CHECKPOINT_CASES[i] for i in (1, 2, 3, 5)]
+
 BACKUP_CASES: list[dict[str, Any]] = [
     {},
     {"save_freq": 2, "double_checkpoint": True},
@@ -280,6 +284,14 @@ def compare_backup(kwargs: dict[str, Any], root: Path, init: list[np.ndarray], r
             problems.append(f"BackupAndRestore {kwargs}: differs from Keras' (epochs {their_epochs}, "
                             f"folder left {their_left})")
     return problems
+
+
+def run_printing_cases(folder: Path) -> list[str]:
+    """`PRINTING_CASES` alone, as in `run_grid`: the mismatches."""
+    keras.utils.set_random_seed(3)
+    init = make_model().get_weights()
+    return [problem for i, case in enumerate(PRINTING_CASES)
+            for problem in compare_model_checkpoint(case, folder / f"mc-{i}", init)]
 
 
 def run_grid(folder: Path) -> dict[str, Any]:

@@ -341,3 +341,20 @@ def test_a_traversal_failing_on_a_model_saves_with_model_save_from_then_on(
     assert resumed.initial_epoch == 2
     for a, b in zip(resumed.model.get_weights(), run.model.get_weights(), strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("best_only", [False, True])
+def test_the_keras_3_8_save_decision_prints_its_line(best_only: bool,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """Keras 3.8 and 3.9 decide in `_save_model`, so resumable decides and prints there: with
+    verbose=1 it prints Keras' line (on any Keras: the code that crashed on 3.8 runs here too)."""
+    callback = keras.callbacks.ModelCheckpoint("m.keras", monitor="loss", save_best_only=best_only,
+                                               mode="min", verbose=1)
+    if callback.monitor_op is None:  # Keras 3.10+ sets these at the first epoch's end
+        callback.monitor_op, callback.best = np.less, np.inf
+    assert compat.callbacks._decided_as_keras_3_8(callback, 0, {"loss": 0.5}, "m.keras")
+    said = capsys.readouterr().out.strip()
+    if best_only:
+        assert said == "Epoch 1: loss improved from inf to 0.50000, saving model to m.keras"
+    else:
+        assert said == "Epoch 1: saving model to m.keras"

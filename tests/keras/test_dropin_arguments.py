@@ -52,6 +52,15 @@ def test_every_argument_as_keras_on_jax(tmp_path: Path) -> None:
     assert result["mismatches"] == []
 
 
+@pytest.mark.lanes
+def test_verbose_checkpoints_print_as_keras(tmp_path: Path) -> None:
+    """verbose=1 and "auto", with and without save_best_only: the lines Keras prints, on every lane
+    (before Keras 3.10 resumable makes the save decision and prints its lines itself)."""
+    grid = grid_module()
+    assert {str(case.kwargs.get("verbose")) for case in grid.PRINTING_CASES} == {"1", "auto"}
+    assert grid.run_printing_cases(tmp_path) == []
+
+
 def test_every_value_is_checked_at_construction(tmp_path: Path) -> None:
     """Bad values: one ValueError naming the argument, before any training; good ones accepted."""
     file, folder = str(tmp_path / "m.keras"), str(tmp_path / "run")

@@ -172,6 +172,10 @@ def test_a_mid_epoch_resume_shows_the_runs_epoch_numbers(tmp_path: Path,
 
     run = resumable.resume(url, build_model=_build, monitor="loss")
     assert (run.initial_epoch, run.callback.resume_batch) == (1, 4)
+    said = capsys.readouterr().err.splitlines()
+    assert len(said) == 1 and re.fullmatch(  # the resume's one line: the batch training continues at
+        rf"resumable: resumed {re.escape(url)} from ckpt-000001-step-000000014 \(loss [0-9.e-]+\): "
+        r"training continues at epoch 2, batch 5", said[0]), said
     history = run.fit(x, y, epochs=4, batch_size=8, verbose=2)
     out = capsys.readouterr().out
 

@@ -86,3 +86,39 @@ def test_the_index_never_shows_up_as_a_checkpoint(storage: RunStorage, tmp_path:
     commit(storage, tmp_path, "ckpt-000001", Manifest(epoch=1))
     assert raw(storage, "index.json").startswith(b'{"format":"resumable.index"')
     assert names(storage.list()) == names(storage.list(check_files=False)) == ["ckpt-000001"]
+
+
+def test_the_next_writer_removes_the_index_copies_killed_writers_left(tmp_path: Path) -> None:
+    """A writer killed between writing ``index.json.<pid>.tmp`` and renaming it: the next writer
+    removes that copy when it takes the lease; a live process' copy, other names, links and
+    anything outside the run folder stay."""
+    import os
+    import subprocess
+    import sys
+
+    from resumable.manager.run_manager import RunManager
+
+    url = tmp_path / "run"
+    commit(RunStorage(str(url)), tmp_path, "ckpt-000001", Manifest(epoch=1, step=10))
+    gone = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True, check=True).stdout)
+    alive = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        outside = tmp_path / f"index.json.{gone}.tmp"
+        kept = {f"index.json.{alive.pid}.tmp": b"live", f"lease.json.{gone}.tmp": b"other name",
+                f"index.json.{gone}.tmp.bak": b"other name", f"ckpt-000001/index.json.{gone}.tmp": b"deeper"}
+        for name, data in {**kept, f"index.json.{gone}.tmp": b"{half"}.items():
+            (url / name).write_bytes(data)
+        outside.write_bytes(b"outside")
+        link = url / "index.json.999999999.tmp"  # a link at that name (of no process): not followed
+        os.symlink(outside, link)
+        manager = RunManager(str(url))
+        manager.acquire()
+        manager.release()
+        assert not (url / f"index.json.{gone}.tmp").exists()
+        assert {name: (url / name).read_bytes() for name in kept} == kept
+        assert link.is_symlink() and outside.read_bytes() == b"outside"
+        assert names(RunStorage(str(url)).list()) == ["ckpt-000001"]
+    finally:
+        alive.kill()
+        alive.wait()

@@ -16,7 +16,9 @@ unknown Keras costs exactness or speed, never a save or a resume. Callers write
 - `callbacks`: ``keras.callbacks.TensorBoard._global_train_batch``, ``_global_test_batch``,
   ``_writers``; ``keras.callbacks.ModelCheckpoint._save_model``, ``_get_file_path``,
   ``_should_save_model`` (Keras 3.10+; before, its decision is made here as those versions
-  make it), ``monitor_op``, ``best`` (the methods' parameters are checked).
+  make it), ``monitor_op``, ``best`` (the methods' parameters are checked);
+  ``keras.src.utils.io_utils.print_msg`` (Keras 3.8 and 3.9's save lines); whether
+  ``_save_model``'s source prints "finished saving" (Keras 3.13 does, 3.8 and 3.10 do not).
 - `variables` (trainable-only checkpoints and LoRA): ``Layer._layers``, ``_flatten_layers``,
   ``_trainable_variables``, ``_non_trainable_variables``.
 - `saving_lib`, `stores`, `saving` (snapshots written in the background), `loading` (fast
@@ -46,6 +48,7 @@ from resumable.keras.compat.callbacks import (
     TENSORBOARD_COUNTERS,
     flush_tensorboard,
     model_checkpoint_internals,
+    says_finished_saving,
     should_save_model,
 )
 from resumable.keras.compat.fit import (
@@ -79,7 +82,7 @@ __all__ = ["array_adapters", "ArrayAdapters", "assigned_in_place", "build_for_fi
            "can_write_legacy_weights", "compile_config_kept", "flush_tensorboard", "global_seed_generator",
            "load_keras_archive", "load_sharded_weights", "load_unzipped_model", "load_weights_from",
            "lora_layer_variables", "model_checkpoint_internals", "model_json", "running_fit_callbacks",
-           "running_fit_input", "saved_values", "SavedValue", "set_fit_initial_epoch", "shared_buffer",
-           "sharding_works", "should_save_model", "snapshots_work", "TENSORBOARD_COUNTERS",
+           "running_fit_input", "saved_values", "SavedValue", "says_finished_saving", "set_fit_initial_epoch",
+           "shared_buffer", "sharding_works", "should_save_model", "snapshots_work", "TENSORBOARD_COUNTERS",
            "tensorflow_unavailable", "trained_non_trainable_variables", "unsupported", "write_legacy_weights",
            "write_sharded_weights", "write_weights"]

@@ -3,7 +3,9 @@ resumable.ModelCheckpoint overrides and calls of ``keras.callbacks.ModelCheckpoi
 
 Reaches ``TensorBoard._global_train_batch``, ``_global_test_batch`` and ``_writers``, and
 ``ModelCheckpoint._save_model``, ``_get_file_path``, ``_should_save_model`` (Keras 3.10+;
-before, its decision is made here as those versions make it), ``monitor_op`` and ``best``.
+before, its decision is made here as those versions make it), ``monitor_op`` and ``best``; and
+``keras.src.utils.io_utils.print_msg``, the print of Keras' callbacks (no public name for it);
+and whether ``_save_model``'s source prints a "finished saving" line.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import sys
 from typing import Any
 
 import keras
@@ -66,6 +69,17 @@ def model_checkpoint_internals() -> str | None:
     return None
 
 
+@functools.cache
+def says_finished_saving() -> bool:
+    """Whether Keras' ModelCheckpoint prints "Epoch N: finished saving model to ..." after each
+    save with verbose (Keras 3.13 does; 3.8 and 3.10 do not): read in ``_save_model``'s source.
+    Where the source cannot be read, as the newest Keras does."""
+    try:
+        return "finished saving" in inspect.getsource(keras.callbacks.ModelCheckpoint._save_model)
+    except (OSError, TypeError, AttributeError):
+        return True
+
+
 def should_save_model(callback: keras.callbacks.ModelCheckpoint, epoch: int, batch: int | None,
                       logs: dict[str, Any] | None, filepath: str) -> bool:
     """Whether Keras' ModelCheckpoint would save now (printing and warning as it does; the new
@@ -82,7 +96,7 @@ def _decided_as_keras_3_8(callback: keras.callbacks.ModelCheckpoint, epoch: int,
     value that is no scalar, save as if not save_best_only; else save on an improvement."""
     import warnings
 
-    say = keras.utils.io_utils.print_msg if callback.verbose > 0 else (lambda message: None)
+    say = print_msg if callback.verbose > 0 else (lambda message: None)
     if not callback.save_best_only:
         say(f"\nEpoch {epoch + 1}: saving model to {filepath}")
         return True
@@ -101,3 +115,19 @@ def _decided_as_keras_3_8(callback: keras.callbacks.ModelCheckpoint, epoch: int,
         return True
     say(f"\nEpoch {epoch + 1}: {callback.monitor} did not improve from {callback.best:.5f}")
     return False
+
+
+def print_msg(message: str) -> None:
+    """Print one line as Keras' callbacks print theirs: Keras' ``print_msg`` (stdout, or absl's log
+    when interactive logging is off). ``keras.utils.io_utils`` is no public name: Keras 3.8 has
+    none (``keras.api.utils`` holds no ``io_utils``), so it is reached in ``keras.src``; without it,
+    stdout under the same public switch."""
+    try:
+        from keras.src.utils.io_utils import print_msg as keras_print_msg
+    except ImportError:
+        keras_print_msg = None
+    if keras_print_msg is not None:
+        keras_print_msg(message)
+    elif keras.config.is_interactive_logging_enabled():
+        sys.stdout.write(f"{message}\n")
+        sys.stdout.flush()
