@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import os
 import resource
@@ -75,7 +76,10 @@ def main(argv: list[str] | None = None) -> int:
         else:
             children = resource.getrusage(resource.RUSAGE_CHILDREN)
             total, how = children.ru_utime + children.ru_stime, "the processes reaped (no cgroup here)"
-        rows = [json.loads(p.read_text()) for p in Path(records).glob("*.json")]
+        rows = []
+        for record in Path(records).glob("*.json"):
+            with contextlib.suppress(ValueError):  # a process killed while it wrote its row
+                rows.append(json.loads(record.read_text()))
     report(rows, wall, total, how)
     return code
 

@@ -361,7 +361,8 @@ def resume(
     callback = CheckpointCallback(filepath, **callback_args)
     callback.strategy = strategy
     manager = callback.manager
-    lease = callback.lease_note()  # before a download that fit would waste
+    # Before a download that fit would waste; only the process that will write says it.
+    lease = callback.lease_note() if topology.is_chief(None, strategy) else None
     reads = loading.ReadOnce()
     loaded = load_newest(manager, build_model, strategy, distribution, callback.barrier_timeout, reads)
     if loaded is not None:

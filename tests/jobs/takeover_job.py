@@ -45,6 +45,12 @@ def main(argv: list[str]) -> None:
     class Hold(keras.callbacks.Callback):
         def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
             if run.callback.epochs_done == 1 and batch == 0:
+                # Epoch 1 is committed in the background: said once its manifest is there, so that
+                # the taker resumes it (under load the commit may still run at this batch).
+                manifest = Path(args.url) / "ckpt-000001" / "manifest.json"
+                deadline = time.monotonic() + 120
+                while not manifest.exists() and time.monotonic() < deadline:
+                    time.sleep(0.05)
                 print("HOLDING", flush=True)
                 deadline = time.monotonic() + 120
                 while not Path(args.wait_for).exists() and time.monotonic() < deadline:
