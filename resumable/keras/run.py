@@ -17,7 +17,7 @@ from resumable.core.errors import (
     LeaseLostError,
     ResumableError,
 )
-from resumable.keras import compat, loading, topology, torch_backend, training_state
+from resumable.keras import adopt, compat, loading, topology, torch_backend, training_state
 from resumable.keras.callback import CheckpointCallback
 from resumable.keras.continuity import csv_logs_continued, final_weights
 from resumable.keras.inputs import Feed
@@ -369,6 +369,16 @@ def resume(
         restore_checkpoint(callback, info, local, reads)
         _say_once(_resumed_line(callback, info, lease))
         return Run(model, callback, info, strategy, distribution, build_model)
+    if manager.damaged:
+        callback.restore_nothing(manager.damaged)
+    adopted = adopt.load_newest(manager.url, build_model, strategy=strategy, distribution=distribution,
+                                storage_options=callback.options.storage_options)
+    if adopted is not None:
+        details = adopted.file.details
+        callback.adopt(adopted.epochs_done, training_state.iterations(adopted.model), details.get("best"),
+                       details.get("monitor"))
+        _say_once(adopted.line(printable(manager.url)) + (f" ({lease})" if lease else ""))
+        return Run(adopted.model, callback, None, strategy, distribution, build_model)
     if build_model is None:
         raise CheckpointNotFoundError(
             f"{manager.url}: no checkpoint to resume from; pass build_model=<a function returning "
@@ -376,8 +386,6 @@ def resume(
         )
     with topology.scope(strategy, distribution):
         model = loading.build(build_model)
-    if manager.damaged:
-        callback.restore_nothing(manager.damaged)
     _say_once(f"resumable: starting a new run in {printable(manager.url)}" + (f" ({lease})" if lease else ""))
     return Run(model, callback, None, strategy, distribution, build_model)
 
