@@ -24,8 +24,7 @@ import keras
 from resumable.core import user_warnings
 from resumable.core.display import printable
 from resumable.core.errors import CheckpointNotFoundError, CorruptCheckpointError, ResumableError
-from resumable.keras import file_epochs, loading, model_files, topology
-from resumable.keras.compat.keras_backup import backup_names
+from resumable.keras import compat, file_epochs, loading, model_files, topology
 from resumable.manager.storage_names import CORRUPT, ModelFile, RunFolder, list_model_files, split_url
 
 RESUMABLE_FILE = "a resumable.ModelCheckpoint file"
@@ -89,7 +88,7 @@ def candidates(url: str, *, template: str | None = None,
     folder = list_model_files(url, storage_options=storage_options)
     names = [f.name for f in folder.files]
     pattern = file_epochs.template_pattern(template) if template is not None else None
-    backup = backup_names()
+    backup = compat.backup_names()
     found: list[Candidate] = []
     for file in folder.files:
         if pattern is not None and pattern.match(file.name) is None:
@@ -133,7 +132,7 @@ def load_newest(url: str, build_model: Callable[[], keras.Model] | None, *, temp
                 problem = f"cannot be loaded ({_first_line(e)})"
             else:
                 if undated:
-                    user_warnings.warn(_undated_line(undated, adopted=file.name))
+                    user_warnings.warn(f"resumable: {_undated_line(undated, adopted=file.name)}")
                 if unbuilt and file.order() < max(f.order() for f in files if f.name in unbuilt):
                     user_warnings.warn(printable(f"resumable: {need_build}; adopted {file.name} instead"))
                 return Adopted(model, file)
@@ -170,7 +169,7 @@ def _model_file(file: ModelFile, pattern: Any, names: list[str]) -> Candidate:
 def _backups(url: str, storage_options: dict[str, Any] | None,
              listed: dict[str, ModelFile]) -> list[Candidate]:
     """Keras BackupAndRestore's backup in ``url``, and its previous one (double_checkpoint)."""
-    names = backup_names()
+    names = compat.backup_names()
     folder = RunFolder(url, storage_options=storage_options)
     found = []
     pairs = ((names.weights, names.metadata), (names.previous_weights, names.previous_metadata))
@@ -229,7 +228,7 @@ def _undated_line(undated: list[Candidate], adopted: str | None) -> str:
     then = (f"{adopted} is adopted instead" if adopted is not None else
             "rename the file to carry its epoch (e.g. best-07.keras for 7 epochs done) and call it again, "
             "or move it out to start a new run here")
-    return printable(f"resumable: {folder}: {names} carries no epoch in its name, so it is not adopted "
+    return printable(f"{folder}: {names} carries no epoch in its name, so it is not adopted "
                      f"(the epoch is never guessed); {then}")
 
 
