@@ -140,7 +140,8 @@ def test_load_newest_model_of_a_template(tmp_path: Path) -> None:
         model, initial_epoch = resumable.load_newest_model(template)
 
     assert initial_epoch == 2
-    assert [newest.name in str(w.message) for w in caught if "skipped, the next older" in str(w.message)] == [True]
+    skipped = [str(w.message) for w in caught if "skipped, the next older" in str(w.message)]
+    assert len(skipped) == 1 and newest.name in skipped[0], skipped
     assert same_state(model, resumable.load_model(next((tmp_path / "ck").glob("weights-02-*.keras"))))
 
 
@@ -189,3 +190,27 @@ def test_a_folder_of_files_none_of_which_loads_is_an_error(tmp_path: Path) -> No
         with pytest.raises(CheckpointNotFoundError, match="none of its 1 model files can be continued from"):
             resumable.resume(str(folder), build_model=small_model)
     assert len([w for w in caught if "skipped, the next older" in str(w.message)]) == 1
+
+
+class _RaiseOnce(keras.callbacks.Callback):
+    raised = False
+
+    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        if batch == 1 and not _RaiseOnce.raised:
+            _RaiseOnce.raised = True
+            raise RuntimeError("a bug in a callback")
+
+
+def test_an_exception_before_the_first_checkpoint_goes_back_to_the_adopted_file(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    folder = tmp_path / "ck"
+    train(3, [keras.callbacks.ModelCheckpoint(str(folder / "w-{epoch:02d}.keras"))])
+    expected = keras.saving.load_model(folder / "w-03.keras")
+    expected.fit(X, Y, epochs=5, initial_epoch=3, shuffle=False, **FIT)  # build_model reseeds: no shuffle
+    run = resumable.resume(str(folder), build_model=small_model, monitor="loss")
+    with pytest.raises(RuntimeError):
+        run.fit(X, Y, epochs=5, callbacks=[_RaiseOnce()], shuffle=False, **FIT)
+    capsys.readouterr()
+    run.fit(X, Y, epochs=5, shuffle=False, **FIT)
+    assert "continuing from w-03.keras again (epoch 3)" in capsys.readouterr().out
+    assert run.initial_epoch == 5 and same_state(run.model, expected)
