@@ -215,7 +215,11 @@ def _load(file: Candidate, built: keras.Model | None, strategy: Any, distributio
             if built is not None:
                 model_files.load_weights_file(built, path)
                 return built
-            return model_files.load_file(path)
+            model = model_files.load_file(path)
+        if getattr(model, "optimizer", None) is None:  # a Keras-written .h5 of loss="mse": no fit from it
+            raise ValueError("it loads uncompiled: pass build_model=<a function returning the compiled "
+                             "model>")
+        return model
     finally:
         if staged is not None:
             shutil.rmtree(staged, ignore_errors=True)

@@ -214,3 +214,32 @@ def test_an_exception_before_the_first_checkpoint_goes_back_to_the_adopted_file(
     run.fit(X, Y, epochs=5, shuffle=False, **FIT)
     assert "continuing from w-03.keras again (epoch 3)" in capsys.readouterr().out
     assert run.initial_epoch == 5 and same_state(run.model, expected)
+
+
+def test_legacy_h5_files_keras_wrote(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    folder = tmp_path / "ck"
+    folder.mkdir()
+    model = small_model()
+    name = "weights.{:02d}-{:.2f}.h5"  # a Keras 2 notebook's names, in Keras' legacy HDF5 format
+    saves = keras.callbacks.LambdaCallback(
+        on_epoch_end=lambda epoch, logs: model.save(folder / name.format(epoch + 1, logs["loss"])))
+    keras.utils.set_random_seed(11)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model.fit(X, Y, epochs=2, callbacks=[saves], **FIT)
+    before = files_of(folder)
+    newest = next(folder.glob("weights.02-*.h5"))
+    expected = small_model()
+    resumable.load_weights(expected, newest)  # with its optimizer state
+
+    with warnings.catch_warnings():  # Keras 3 cannot compile a Keras-written .h5 of loss="mse"
+        warnings.simplefilter("ignore")
+        with pytest.raises(CheckpointNotFoundError, match="none of its 2 model files"):
+            resumable.resume(str(folder), monitor="loss")
+    capsys.readouterr()
+    run = resumable.resume(str(folder), build_model=small_model, monitor="loss")
+
+    said = capsys.readouterr().err
+    assert f"adopted {newest.name} (a keras.callbacks.ModelCheckpoint file, epoch 2)" in said, said
+    assert run.initial_epoch == 2 and same_state(run.model, expected)
+    assert files_of(folder) == before
