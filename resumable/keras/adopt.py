@@ -170,6 +170,8 @@ def _backups(url: str, storage_options: dict[str, Any] | None,
              listed: dict[str, ModelFile]) -> list[Candidate]:
     """Keras BackupAndRestore's backup in ``url``, and its previous one (double_checkpoint)."""
     names = compat.backup_names()
+    if names.weights not in listed:  # no backup (a new run reads nothing more); Keras' previous is a copy
+        return []
     folder = RunFolder(url, storage_options=storage_options)
     found = []
     pairs = ((names.weights, names.metadata), (names.previous_weights, names.previous_metadata))
