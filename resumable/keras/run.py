@@ -49,6 +49,7 @@ class Run:
         self.model = model
         self.build_model = build_model
         self._adopted = adopted  # loads the adopted file again: where a rollback goes before any checkpoint
+        self._adopted_name: str | None = None
         self._fitted = False
         self.callback = callback
         self.checkpoint = checkpoint
@@ -56,7 +57,8 @@ class Run:
         self.distribution = distribution
 
     def __repr__(self) -> str:
-        source = self.checkpoint.name if self.checkpoint else "new run"
+        source = self.checkpoint.name if self.checkpoint else (
+            f"adopted {self._adopted_name}" if self._adopted_name else "new run")
         return f"Run({self.callback.filepath!r}, initial_epoch={self.initial_epoch}, from={source})"
 
     @property
@@ -385,7 +387,9 @@ def resume(
     if adopted is not None:
         _adopt_into(callback, adopted)
         _say_once(adopted.line(printable(manager.url)) + (f" ({lease})" if lease else ""))
-        return Run(adopted.model, callback, None, strategy, distribution, build_model, adopted=adopt_newest)
+        run = Run(adopted.model, callback, None, strategy, distribution, build_model, adopted=adopt_newest)
+        run._adopted_name = adopted.file.name
+        return run
     if build_model is None:
         raise CheckpointNotFoundError(
             f"{manager.url}: no checkpoint to resume from; pass build_model=<a function returning "
