@@ -30,6 +30,7 @@ from resumable.manager.storage_names import CORRUPT, ModelFile, RunFolder, list_
 RESUMABLE_FILE = "a resumable.ModelCheckpoint file"
 KERAS_FILE = "a keras.callbacks.ModelCheckpoint file"
 KERAS_BACKUP = "a keras.callbacks.BackupAndRestore backup"
+SAVED_FILE = "a resumable.save_model file"
 
 # What a checkpoint holds and a model file does not: said in the adoption line.
 _NOT_CARRIED = ("EarlyStopping's and ReduceLROnPlateau's counters", "the history", "the data order")
@@ -151,17 +152,19 @@ def load_newest(url: str, build_model: Callable[[], keras.Model] | None, *, temp
 
 def _model_file(file: ModelFile, pattern: Any, names: list[str]) -> Candidate:
     saved = file.saved.timestamp() if file.saved is not None else 0.0
-    if file.record is not None:
-        epoch = file.epoch
-        batch = file.batch
-        if epoch is not None and batch:
-            epoch -= 1  # saved inside the epoch: those epochs done before it
-        problem = file.problem if file.status == CORRUPT else ""
-        return Candidate(file.name, file.url, RESUMABLE_FILE, epoch, batch, problem, saved, file.details)
     if pattern is not None:
         epoch = file_epochs.epoch_in_template_name(pattern, file.name)
     else:
         epoch = file_epochs.epoch_in_name(file.name, names)
+    if file.record is not None and file.epoch is not None:
+        epoch, batch = file.epoch, file.batch
+        if batch:
+            epoch -= 1  # saved inside the epoch: those epochs done before it
+        problem = file.problem if file.status == CORRUPT else ""
+        return Candidate(file.name, file.url, RESUMABLE_FILE, epoch, batch, problem, saved, file.details)
+    if file.record is not None:  # resumable.save_model's record: checked, but no epoch in it
+        problem = file.problem if file.status == CORRUPT else ""
+        return Candidate(file.name, file.url, SAVED_FILE, epoch, 0, problem, saved, file.details)
     problem = file.problem if file.status == CORRUPT else ""  # a link, never read through
     return Candidate(file.name, file.url, KERAS_FILE, epoch, 0, problem, saved)
 
@@ -243,5 +246,5 @@ def _first_line(error: BaseException) -> str:
     return text[0] if text else type(error).__name__
 
 
-__all__ = ["KERAS_BACKUP", "KERAS_FILE", "RESUMABLE_FILE", "Adopted", "Candidate", "candidates",
+__all__ = ["KERAS_BACKUP", "KERAS_FILE", "RESUMABLE_FILE", "SAVED_FILE", "Adopted", "Candidate", "candidates",
            "load_newest"]

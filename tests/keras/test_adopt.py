@@ -243,3 +243,18 @@ def test_legacy_h5_files_keras_wrote(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert f"adopted {newest.name} (a keras.callbacks.ModelCheckpoint file, epoch 2)" in said, said
     assert run.initial_epoch == 2 and same_state(run.model, expected)
     assert files_of(folder) == before
+
+
+def test_save_model_files_take_the_epoch_from_their_name(tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    folder = tmp_path / "models"
+    model = train(2, [])
+    resumable.save_model(model, folder / "model-epoch2.keras")  # its record is checked; it has no epoch
+    resumable.save_model(model, folder / "final.keras")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run = resumable.resume(str(folder), build_model=small_model)
+    assert "adopted model-epoch2.keras (a resumable.save_model file, epoch 2)" in capsys.readouterr().err
+    undated = [str(w.message) for w in caught if "carries no epoch" in str(w.message)]
+    assert len(undated) == 1 and "final.keras" in undated[0], undated
+    assert run.initial_epoch == 2 and same_state(run.model, model)
