@@ -1,8 +1,8 @@
 """resumable: Keras training that survives Colab disconnects.
 
 Storage and the CLI work without TensorFlow; the Keras-facing names (`CheckpointCallback`,
-`resume`, `Run`, `ModelCheckpoint`, `BackupAndRestore`, `save_model`, `load_model`, ...) are imported
-on first use.
+`resume`, `Run`, `ModelCheckpoint`, `BackupAndRestore`, `save_model`, `load_model`,
+`load_newest_model`, ...) are imported on first use.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from resumable.keras.callback import CheckpointCallback
     from resumable.keras.model_checkpoint import ModelCheckpoint
     from resumable.keras.model_files import load_model, load_weights, save_model, verify_file
+    from resumable.keras.newest_model import load_newest_model
     from resumable.keras.run import Run, resume
 
 # `resume` lives in resumable.keras.run: a submodule named resumable.resume would replace the function
@@ -49,6 +50,7 @@ _LAZY = {
     "CheckpointCallback": "resumable.keras.callback",
     "ModelCheckpoint": "resumable.keras.model_checkpoint",
     "load_model": "resumable.keras.model_files",
+    "load_newest_model": "resumable.keras.newest_model",
     "load_weights": "resumable.keras.model_files",
     "save_model": "resumable.keras.model_files",
     "verify_file": "resumable.keras.model_files",
@@ -93,6 +95,7 @@ __all__ = [
     "UnsupportedFormatError",
     "__version__",
     "load_model",
+    "load_newest_model",
     "load_weights",
     "resume",
     "save_model",

@@ -253,6 +253,15 @@ class CheckpointCallback(OptionAttributes, keras.callbacks.Callback):
         self.stopped_early = bool(state.get("stopped_early", False))
         self.builder.last_saved_step = manifest.step
 
+    def adopt(self, epochs_done: int, step: int, best: float | None, monitor: str | None) -> None:
+        """Continue from a model file the folder held before its first checkpoint (`adopt`): its
+        epochs done, and the best value its record kept when it monitored the same metric."""
+        self.epochs_done = epochs_done
+        self.history = [{} for _ in range(epochs_done)]  # epoch k's logs at index k, as a resumed run's
+        if best is not None and monitor == self.monitor:
+            self.best = float(best)
+        self.builder.last_saved_step = step
+
     def restore_nothing(self, damaged: set[str]) -> None:
         """A new run in a folder whose only checkpoints are damaged: training replaces them."""
         self.manager.resumed_from(None, damaged)

@@ -85,12 +85,14 @@ def save_model(model: keras.Model, filepath: str | os.PathLike[str], *, overwrit
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def _local_copy(filepath: str | os.PathLike[str], storage_options: dict[str, Any] | None
-                ) -> tuple[Path, FileRecord | None]:
+def local_copy(filepath: str | os.PathLike[str], storage_options: dict[str, Any] | None, *,
+               warn_unrecorded: bool = True) -> tuple[Path, FileRecord | None]:
+    """A local file to load (locally: the file itself), checked against its record when it has one;
+    a legacy HDF5 name staged under the suffix Keras reads it by."""
     target = FileTarget(os.fspath(filepath), storage_options=storage_options)
     cache = Path(tempfile.mkdtemp(prefix="resumable-load-"))
     path, record = target.fetch(cache)
-    if record is None:
+    if record is None and warn_unrecorded:
         user_warnings.warn(f"resumable: {target.url} has no checksum record ({target.name} was not written "
                            "by resumable, or its writer was killed before the record): loaded unverified")
     if legacy_h5.is_legacy_name(path.name) and not path.name.endswith(".h5"):
@@ -112,7 +114,7 @@ def load_model(filepath: str | os.PathLike[str], *, storage_options: dict[str, A
     comes back compiled with its optimizer state, ready for ``fit(initial_epoch=...)`` (Keras 3's
     own loader drops that state). ``kwargs`` go to Keras.
     """
-    path, _ = _local_copy(filepath, storage_options)
+    path, _ = local_copy(filepath, storage_options)
     return load_file(path, **kwargs)
 
 
@@ -123,7 +125,7 @@ def load_weights(model: keras.Model, filepath: str | os.PathLike[str], *,
     The optimizer is built first, so a compiled model gets the optimizer state of a
     ``.weights.h5`` or ``.h5``/``.hdf5`` file back too.
     """
-    path, _ = _local_copy(filepath, storage_options)
+    path, _ = local_copy(filepath, storage_options)
     load_weights_file(model, path, **kwargs)
 
 

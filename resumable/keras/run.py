@@ -17,7 +17,7 @@ from resumable.core.errors import (
     LeaseLostError,
     ResumableError,
 )
-from resumable.keras import compat, loading, topology, torch_backend, training_state
+from resumable.keras import adopt, compat, loading, topology, torch_backend, training_state
 from resumable.keras.callback import CheckpointCallback
 from resumable.keras.continuity import csv_logs_continued, final_weights
 from resumable.keras.inputs import Feed
@@ -44,9 +44,12 @@ class Run:
 
     def __init__(self, model: keras.Model, callback: CheckpointCallback, checkpoint: CheckpointInfo | None,
                  strategy: Any = None, distribution: Any = None,
-                 build_model: Callable[[], keras.Model] | None = None) -> None:
+                 build_model: Callable[[], keras.Model] | None = None,
+                 adopted: Callable[[], adopt.Adopted | None] | None = None) -> None:
         self.model = model
         self.build_model = build_model
+        self._adopted = adopted  # loads the adopted file again: where a rollback goes before any checkpoint
+        self._adopted_name: str | None = None
         self._fitted = False
         self.callback = callback
         self.checkpoint = checkpoint
@@ -54,7 +57,8 @@ class Run:
         self.distribution = distribution
 
     def __repr__(self) -> str:
-        source = self.checkpoint.name if self.checkpoint else "new run"
+        source = self.checkpoint.name if self.checkpoint else (
+            f"adopted {self._adopted_name}" if self._adopted_name else "new run")
         return f"Run({self.callback.filepath!r}, initial_epoch={self.initial_epoch}, from={source})"
 
     @property
@@ -270,6 +274,10 @@ class Run:
                                only_cached=False)  # the cache as it was: a Run's own checkpoints
             self.checkpoint = latest
             where = f"{latest.url} (epoch {latest.epoch}, step {latest.step})"
+        elif self._adopted is not None and (again := self._adopted()) is not None:
+            self.model = again.model
+            _adopt_into(self.callback, again)
+            where = f"{again.file.name} again (epoch {again.epochs_done})"
         elif self.build_model is not None:
             with topology.scope(self.strategy, self.distribution):
                 self.model = loading.build(self.build_model)
@@ -370,6 +378,19 @@ def resume(
         restore_checkpoint(callback, info, local, reads)
         _say_once(_resumed_line(callback, info, lease))
         return Run(model, callback, info, strategy, distribution, build_model)
+    if manager.damaged:
+        callback.restore_nothing(manager.damaged)
+    def adopt_newest() -> adopt.Adopted | None:
+        return adopt.load_newest(manager.url, build_model, strategy=strategy, distribution=distribution,
+                                 storage_options=callback.options.storage_options)
+
+    adopted = adopt_newest()
+    if adopted is not None:
+        _adopt_into(callback, adopted)
+        _say_once(adopted.line(printable(manager.url)) + (f" ({lease})" if lease else ""))
+        run = Run(adopted.model, callback, None, strategy, distribution, build_model, adopted=adopt_newest)
+        run._adopted_name = adopted.file.name
+        return run
     if build_model is None:
         raise CheckpointNotFoundError(
             f"{manager.url}: no checkpoint to resume from; pass build_model=<a function returning "
@@ -377,10 +398,15 @@ def resume(
         )
     with topology.scope(strategy, distribution):
         model = loading.build(build_model)
-    if manager.damaged:
-        callback.restore_nothing(manager.damaged)
     _say_once(f"resumable: starting a new run in {printable(manager.url)}" + (f" ({lease})" if lease else ""))
     return Run(model, callback, None, strategy, distribution, build_model)
+
+
+def _adopt_into(callback: CheckpointCallback, adopted: adopt.Adopted) -> None:
+    """The callback continues from an adopted file: its epochs done, and its record's best value."""
+    details = adopted.file.details
+    callback.adopt(adopted.epochs_done, training_state.iterations(adopted.model), details.get("best"),
+                   details.get("monitor"))
 
 
 def _resumed_line(callback: CheckpointCallback, info: CheckpointInfo, lease: str | None) -> str:

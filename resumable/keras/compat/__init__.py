@@ -39,6 +39,9 @@ unknown Keras costs exactness or speed, never a save or a resume. Callers write
   ``keras.Variable._initialize_with_initializer`` (replaced while the model is built, on the
   building thread), ``_initialize``, ``_value``, ``_shape``, ``_dtype``;
   ``keras.src.backend.common.global_state``'s ``distribution``; ``keras.config.is_nnx_enabled``.
+- `keras_backup` (the backup `resume()` adopts): ``keras.callbacks.BackupAndRestore``'s
+  ``_weights_path``, ``_training_metadata_path``, ``_prev_weights_path`` and
+  ``_prev_training_metadata_path`` (the names of its files).
 - `legacy_h5` (Keras 2's HDF5 files): ``keras.src.legacy.saving.legacy_h5_format``'s
   ``save_weights_to_hdf5_group`` and ``save_optimizer_weights_to_hdf5_group``;
   ``Model._compile_config``.
@@ -61,6 +64,7 @@ from resumable.keras.compat.fit import (
 )
 from resumable.keras.compat.global_state import global_seed_generator, tensorflow_unavailable
 from resumable.keras.compat.in_place import assigned_in_place, shared_buffer
+from resumable.keras.compat.keras_backup import BackupNames, backup_names
 from resumable.keras.compat.legacy_h5 import (
     can_write_legacy_weights,
     compile_config_kept,
@@ -78,7 +82,8 @@ from resumable.keras.compat.saving import can_shard, model_json, saved_values, s
 from resumable.keras.compat.stores import SavedValue, write_sharded_weights, write_weights
 from resumable.keras.compat.variables import lora_layer_variables, trained_non_trainable_variables
 
-__all__ = ["array_adapters", "ArrayAdapters", "assigned_in_place", "build_for_fit", "can_shard",
+__all__ = ["array_adapters", "ArrayAdapters", "assigned_in_place", "backup_names", "BackupNames",
+           "build_for_fit", "can_shard",
            "can_write_legacy_weights", "compile_config_kept", "flush_tensorboard", "global_seed_generator",
            "load_keras_archive", "load_sharded_weights", "load_unzipped_model", "load_weights_from",
            "lora_layer_variables", "model_checkpoint_internals", "model_json", "running_fit_callbacks",
