@@ -81,15 +81,13 @@ class DatasetPasses(Role):
         self.passes = passes
         self.role = role
         self.behind: str | None = None  # why an epoch could not get its iterator
-        self.first_of_fit = True  # the next pass is its model.fit's first of this input
 
     def before_epoch(self, epoch: int) -> None:
         if not self.passes.bring_to(self.passes.slot(epoch, self.role)) and self.behind is None:
             # Keras read it more than resumable expects (said once; the run goes on)
             self.behind = f"epoch {epoch + 1} found more of its iterators created than an unbroken run has"
             logger.warning("resumable: the %s (tf.data.Dataset): %s", ROLE_NAMES[self.role], self.behind)
-        self.passes.pass_begins(self.role, self.first_of_fit)
-        self.first_of_fit = False
+        self.passes.pass_begins()
 
     def epoch_done(self) -> None:
         self.passes.settle()
@@ -98,7 +96,6 @@ class DatasetPasses(Role):
         self.passes.abandon()
 
     def for_fit(self, limit: int | None, skip: int) -> Any:
-        self.first_of_fit = True
         return self.passes.for_fit(skip)
 
     def sample(self) -> Any:

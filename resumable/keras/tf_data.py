@@ -133,9 +133,8 @@ class Passes:
         """The iterator (1-based, counting from the dataset's creation) that ``role`` reads in
         ``epoch`` of an unbroken ``model.fit``."""
         self.add_role(role)
-        before = self.build_reads + sum(self._per_pass(r, e == 0) for e in range(epoch) for r in self.roles)
-        before += sum(self._per_pass(r, epoch == 0) for r in self.roles[:self.roles.index(role)])
-        return before + 1
+        per_pass = keras_iterators(self.known, self.tensorflow)
+        return self.build_reads + per_pass * (len(self.roles) * epoch + self.roles.index(role)) + 1
 
     def bring_to(self, slot: int) -> bool:
         """Create (and drop) iterators until the next one is ``slot``; False when it is past that."""
@@ -146,13 +145,10 @@ class Passes:
         self.iterators += max(missing, 0)
         return missing >= 0
 
-    def pass_begins(self, role: str, first_of_fit: bool) -> None:
-        """Keras creates the iterator of a pass now, and one more when it reads the pass to its end."""
+    def pass_begins(self) -> None:
+        """Keras creates the iterator of a pass now, and may create one more at the pass's end."""
         self.iterators += 1
-        self._ending = self._per_pass(role, first_of_fit) - 1
-
-    def _per_pass(self, role: str, first_of_fit: bool) -> int:
-        return keras_iterators(self.known, role, first_of_fit) if self.tensorflow else 1
+        self._ending = keras_iterators(self.known, self.tensorflow) - 1
 
     def settle(self) -> None:
         """The pass begun was read to its end: Keras created its ending iterator."""
@@ -169,18 +165,12 @@ class Passes:
         return self.dataset.skip(skip) if skip else self.dataset
 
 
-def keras_iterators(known: bool, role: str, first_of_fit: bool) -> int:
-    """Iterators Keras' TensorFlow epoch iterator creates of a dataset read a pass per epoch, for
-    one pass: one to read it, and, when it knows the dataset's length, one more at the pass's end
-    (never read; on JAX and torch that one is a generator never started: no iterator). Of
-    unknown length, it learns the length from the fit's first pass of the training data;
-    validation resets it each time."""
-    if known:
-        return 2
-    return 1 if first_of_fit or role == VALIDATION_ROLE else 2
-
-
-VALIDATION_ROLE = "validation_data"
+def keras_iterators(known: bool, tensorflow: bool) -> int:
+    """Iterators Keras' epoch iterator creates of a dataset read a pass per epoch, for one pass:
+    one to read it and, on TensorFlow, of a known length, one more at the pass's end (never
+    read; on JAX and torch that one is a generator never started: no iterator). Of an unknown
+    length, every pass ends by running out of data, and Keras then creates none at its end."""
+    return 2 if known and tensorflow else 1
 
 
 class Stream:

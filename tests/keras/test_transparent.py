@@ -91,6 +91,16 @@ def noisy(x: Any, y: Any) -> tuple[Any, Any]:
     return x + tf.random.uniform(tf.shape(x)) * 0.1, y  # no op seed: from the global seed
 
 
+def pipeline() -> Any:
+    """A deterministic parallel interleave of shuffled shards, a parallel map, cache, prefetch."""
+    x, y = arrays()
+    shards = tf.data.Dataset.range(4).interleave(
+        lambda i: tf.data.Dataset.from_tensor_slices((x, (y > 0).astype("float32"))).shard(4, i)
+        .shuffle(8, seed=2), cycle_length=2, num_parallel_calls=2, deterministic=True)
+    return (shards.map(lambda a, b: (a * 2.0, b), num_parallel_calls=tf.data.AUTOTUNE).cache()
+            .shuffle(SAMPLES, seed=3).batch(BATCH).prefetch(tf.data.AUTOTUNE))
+
+
 # name: (the input, built after the model; model.fit's other arguments)
 CASES: dict[str, tuple[Callable[[], Any], dict[str, Any]]] = {
     "tf.data reshuffling": (lambda: tensors().shuffle(SAMPLES, seed=1).batch(BATCH), {}),
@@ -100,6 +110,7 @@ CASES: dict[str, tuple[Callable[[], Any], dict[str, Any]]] = {
     "tf.data random map, op determinism": (
         lambda: tensors().shuffle(SAMPLES, seed=1).map(noisy, num_parallel_calls=tf.data.AUTOTUNE)
         .batch(BATCH), {}),
+    "tf.data pipeline, class_weight": (pipeline, {"class_weight": {0: 1.0, 1: 2.0}}),
     "PyDataset shuffling in on_epoch_end": (SelfShuffling, {}),  # and fit's shuffle=True
     "generator": (batches, {"steps_per_epoch": 4}),
     "arrays, shuffle=True": (arrays, {"batch_size": BATCH, "shuffle": True}),
