@@ -111,7 +111,11 @@ CASES: dict[str, tuple[Callable[[], Any], dict[str, Any]]] = {
         lambda: tensors().shuffle(SAMPLES, seed=1).map(noisy, num_parallel_calls=tf.data.AUTOTUNE)
         .batch(BATCH), {}),
     "tf.data pipeline, class_weight": (pipeline, {"class_weight": {0: 1.0, 1: 2.0}}),
+    "tf.data random map, repeat, steps_per_epoch": (
+        lambda: tensors().shuffle(SAMPLES, seed=1).map(noisy, num_parallel_calls=tf.data.AUTOTUNE)
+        .batch(BATCH).repeat(), {"steps_per_epoch": 5}),
     "PyDataset shuffling in on_epoch_end": (SelfShuffling, {}),  # and fit's shuffle=True
+    "PyDataset shuffling in on_epoch_end, shuffle=False": (SelfShuffling, {"shuffle": False}),
     "generator": (batches, {"steps_per_epoch": 4}),
     "arrays, shuffle=True": (arrays, {"batch_size": BATCH, "shuffle": True}),
     "tf.data validation": (
