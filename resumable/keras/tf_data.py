@@ -32,7 +32,7 @@ import logging
 import weakref
 from typing import Any
 
-from resumable.keras import tf_compat
+from resumable.keras import compat, tf_compat
 
 logger = logging.getLogger("resumable")
 
@@ -109,7 +109,7 @@ class Passes:
 
     ``model.fit`` gets the dataset itself (its ops and Keras' iterators as a plain ``model.fit``
     has them), so the iterators Keras creates are counted from what its epoch iterator does
-    (`keras_iterators`), not observed. ``roles`` counts the uses of the dataset in one epoch
+    (`compat.dataset_iterators_per_pass`), not observed. ``roles`` counts the uses of the dataset in one epoch
     (training, validation: the same object can be both); ``build_reads`` the iterators a plain
     ``model.fit`` creates to build the model before its first epoch (one on JAX and torch, where
     `Run.fit` builds it without reading: the iterator is created here instead).
@@ -133,7 +133,7 @@ class Passes:
         """The iterator (1-based, counting from the dataset's creation) that ``role`` reads in
         ``epoch`` of an unbroken ``model.fit``."""
         self.add_role(role)
-        per_pass = keras_iterators(self.known, self.tensorflow)
+        per_pass = compat.dataset_iterators_per_pass(self.known, self.tensorflow)
         return self.build_reads + per_pass * (len(self.roles) * epoch + self.roles.index(role)) + 1
 
     def bring_to(self, slot: int) -> bool:
@@ -148,7 +148,7 @@ class Passes:
     def pass_begins(self) -> None:
         """Keras creates the iterator of a pass now, and may create one more at the pass's end."""
         self.iterators += 1
-        self._ending = keras_iterators(self.known, self.tensorflow) - 1
+        self._ending = compat.dataset_iterators_per_pass(self.known, self.tensorflow) - 1
 
     def settle(self) -> None:
         """The pass begun was read to its end: Keras created its ending iterator."""
@@ -163,14 +163,6 @@ class Passes:
         """What ``model.fit`` reads: the dataset itself, or without the first ``skip`` batches of
         each pass (a mid-epoch resume; the ``skip`` shares the dataset's shuffle seeds)."""
         return self.dataset.skip(skip) if skip else self.dataset
-
-
-def keras_iterators(known: bool, tensorflow: bool) -> int:
-    """Iterators Keras' epoch iterator creates of a dataset read a pass per epoch, for one pass:
-    one to read it and, on TensorFlow, of a known length, one more at the pass's end (never
-    read; on JAX and torch that one is a generator never started: no iterator). Of an unknown
-    length, every pass ends by running out of data, and Keras then creates none at its end."""
-    return 2 if known and tensorflow else 1
 
 
 class Stream:
