@@ -87,9 +87,16 @@ class DatasetPasses(Role):
             # Keras read it more than resumable expects (said once; the run goes on)
             self.behind = f"epoch {epoch + 1} found more of its iterators created than an unbroken run has"
             logger.warning("resumable: the %s (tf.data.Dataset): %s", ROLE_NAMES[self.role], self.behind)
+        self.passes.pass_begins()
+
+    def epoch_done(self) -> None:
+        self.passes.settle()
+
+    def fit_done(self) -> None:
+        self.passes.abandon()
 
     def for_fit(self, limit: int | None, skip: int) -> Any:
-        return self.passes.wrapper(skip)
+        return self.passes.for_fit(skip)
 
     def sample(self) -> Any:
         return self.passes.dataset.element_spec

@@ -111,7 +111,9 @@ class Feed(keras.callbacks.Callback):
         return Unchanged(x)
 
     def _dataset_passes(self, dataset: Any, role: str) -> Role:
-        passes = tf_data.REGISTRY.passes_of(dataset)
+        # JAX's and torch's fit create an iterator to build the model; Run.fit builds it unread
+        tensorflow = keras.backend.backend() == "tensorflow"
+        passes = tf_data.REGISTRY.passes_of(dataset, 0 if tensorflow else 1, tensorflow)
         passes.add_role(role)  # training before validation: the same dataset may be both
         replay = DatasetPasses(passes, role)
         if passes.iterators == 0:  # never read by run.fit: positioned from its start
@@ -130,7 +132,8 @@ class Feed(keras.callbacks.Callback):
         if known is None:
             if self.resumed:
                 self._check(dataset, TRAIN)
-            known = tf_data.REGISTRY.streams[dataset] = tf_data.Stream(dataset, target)
+            build_reads = 0 if keras.backend.backend() == "tensorflow" else 1  # as in _dataset_passes
+            known = tf_data.REGISTRY.streams[dataset] = tf_data.Stream(dataset, target, build_reads)
         elif known.position != target:
             self._say(dataset, TRAIN, f"this session already read it {known.position} batches into the run, "
                                       f"and the checkpoint is at batch {target}: build the dataset again "
@@ -257,7 +260,8 @@ class Feed(keras.callbacks.Callback):
         self.roles[TRAIN].batch_done(batch)
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-        self.roles[TRAIN].epoch_done()
+        for role in self.roles.values():  # the validation's pass is over too
+            role.epoch_done()
 
     def fit_done(self) -> None:
         """A ``model.fit`` of this Run.fit returned or raised."""

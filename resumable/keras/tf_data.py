@@ -9,13 +9,14 @@ it costs well under a millisecond (a few with parallel ``interleave``): nothing 
 Two ways Keras reads a dataset, and one replay for each:
 
 - **Passes** (no ``steps_per_epoch``, or one the dataset's batches do not exceed): Keras reads
-  one pass per epoch. `Passes` hands ``model.fit`` a wrapper whose iterators create the user's
-  dataset's iterator only when the first batch is read, so iterators Keras creates and never
-  reads (at an epoch end, to build the model) leave the order alone; and before each epoch
-  (and each validation) brings the dataset to the iterator its epoch owns: slot ``2e + 2`` of
-  epoch ``e``, one spare slot before it for a pass Keras reads to build the model. Mid-epoch,
-  the resumed epoch's pass skips the batches already trained (read, not trained: the cost of
-  a mid-epoch resume is reading part of one epoch).
+  one pass per epoch. ``model.fit`` gets the dataset itself, so it runs the ops a plain
+  ``model.fit`` runs, and creates the iterators a plain ``model.fit`` creates: two per pass on
+  TensorFlow (the second, at the pass's end, never read), one on JAX and torch, and there one
+  more first, to build the model.
+  `Passes` counts them, and before each epoch (and each validation) creates the ones an
+  unbroken run created before it that this session has not (a new session's dataset: all of
+  them). Mid-epoch, the resumed epoch's pass skips the batches already trained (read, not
+  trained: the cost of a mid-epoch resume is reading part of one epoch).
 - **Stream** (``.repeat()`` or an unknown length, with ``steps_per_epoch``): Keras reads one
   iterator across all epochs. `Stream` creates that iterator itself, positioned at the batch
   the checkpoint was taken at (by reading the batches before it: the cost of resuming a stream
@@ -31,7 +32,7 @@ import logging
 import weakref
 from typing import Any
 
-from resumable.keras import tf_compat
+from resumable.keras import compat, tf_compat
 
 logger = logging.getLogger("resumable")
 
@@ -106,23 +107,22 @@ UNKNOWN = -2
 class Passes:
     """One dataset read a pass per epoch, across this session's `Run.fit` calls.
 
-    ``roles`` counts the uses of the dataset in one epoch (training, validation: the same
-    object can be both); each use owns two iterators per epoch.
+    ``model.fit`` gets the dataset itself (its ops and Keras' iterators as a plain ``model.fit``
+    has them), so the iterators Keras creates are counted from what its epoch iterator does
+    (`compat.dataset_iterators_per_pass`), not observed. ``roles`` counts the uses of the dataset in one epoch
+    (training, validation: the same object can be both); ``build_reads`` the iterators a plain
+    ``model.fit`` creates to build the model before its first epoch (one on JAX and torch, where
+    `Run.fit` builds it without reading: the iterator is created here instead).
     """
 
-    def __init__(self, dataset: Any) -> None:
-        import tensorflow as tf
-
+    def __init__(self, dataset: Any, build_reads: int = 0, tensorflow: bool = True) -> None:
         self.dataset = dataset
-        with tf.init_scope():
-            self._reads = tf.Variable(0, dtype=tf.int64, trainable=False, name="resumable_passes_read")
-        self._created = 0  # iterators made here, never read
+        self.known = cardinality(dataset) >= 0
+        self.build_reads = build_reads
+        self.tensorflow = tensorflow  # Keras' TF epoch iterator; the others create iterators lazily
+        self.iterators = 0  # created in this session: here, and by Keras as counted
+        self._ending = 0  # the iterator Keras creates when the pass begun is read to its end
         self.roles: list[str] = []
-
-    @property
-    def iterators(self) -> int:
-        """Iterators of the dataset created through resumable in this session."""
-        return self._created + int(self._reads.numpy())
 
     def add_role(self, role: str) -> None:
         """``role`` reads this dataset each epoch (roles are added in the order fit reads them)."""
@@ -130,39 +130,39 @@ class Passes:
             self.roles.append(role)
 
     def slot(self, epoch: int, role: str) -> int:
-        """The iterator (1-based, counting from the dataset's creation) that ``role`` reads in ``epoch``."""
+        """The iterator (1-based, counting from the dataset's creation) that ``role`` reads in
+        ``epoch`` of an unbroken ``model.fit``."""
         self.add_role(role)
-        return 2 * len(self.roles) * epoch + 2 * (self.roles.index(role) + 1)
+        per_pass = compat.dataset_iterators_per_pass(self.known, self.tensorflow)
+        return self.build_reads + per_pass * (len(self.roles) * epoch + self.roles.index(role)) + 1
 
     def bring_to(self, slot: int) -> bool:
         """Create (and drop) iterators until the next one is ``slot``; False when it is past that."""
+        self.settle()
         missing = slot - 1 - self.iterators
         for _ in range(max(missing, 0)):
             iter(self.dataset)
-        self._created += max(missing, 0)
+        self.iterators += max(missing, 0)
         return missing >= 0
 
-    def wrapper(self, skip: int = 0) -> Any:
-        """What ``model.fit`` reads: the dataset, its iterator created at the first read, less the
-        first ``skip`` batches of each pass."""
-        import tensorflow as tf
+    def pass_begins(self) -> None:
+        """Keras creates the iterator of a pass now, and may create one more at the pass's end."""
+        self.iterators += 1
+        self._ending = compat.dataset_iterators_per_pass(self.known, self.tensorflow) - 1
 
-        reads = self._reads
-        dataset = self.dataset
+    def settle(self) -> None:
+        """The pass begun was read to its end: Keras created its ending iterator."""
+        self.iterators += self._ending
+        self._ending = 0
 
-        def count(_: Any) -> Any:
-            return reads.assign_add(1)
+    def abandon(self) -> None:
+        """The fit ended (an interrupt may have cut the pass short): no ending iterator is counted."""
+        self._ending = 0
 
-        def one_pass(_: Any) -> Any:
-            return dataset.skip(skip) if skip else dataset
-
-        wrapped = tf.data.Dataset.from_tensors(tf.constant(0, tf.int64)).map(count).flat_map(one_pass)
-        known = cardinality(dataset)
-        if known >= 0:
-            known = max(known - skip, 0)
-        if known != UNKNOWN:
-            wrapped = wrapped.apply(tf.data.experimental.assert_cardinality(known))
-        return wrapped.with_options(dataset.options())
+    def for_fit(self, skip: int = 0) -> Any:
+        """What ``model.fit`` reads: the dataset itself, or without the first ``skip`` batches of
+        each pass (a mid-epoch resume; the ``skip`` shares the dataset's shuffle seeds)."""
+        return self.dataset.skip(skip) if skip else self.dataset
 
 
 class Stream:
@@ -173,10 +173,12 @@ class Stream:
     took since, as Keras reports them.
     """
 
-    def __init__(self, dataset: Any, position: int) -> None:
+    def __init__(self, dataset: Any, position: int, build_reads: int = 0) -> None:
         import tensorflow as tf
 
         self.dataset = dataset
+        for _ in range(build_reads):  # the iterator JAX's and torch's fit create to build the model
+            iter(dataset)
         self.start = position
         with tf.init_scope():
             self._pulled = tf.Variable(0, dtype=tf.int64, trainable=False, name="resumable_stream_pulled")
@@ -219,10 +221,10 @@ class Registry:
         self.passes: weakref.WeakKeyDictionary[Any, Passes] = weakref.WeakKeyDictionary()
         self.streams: weakref.WeakKeyDictionary[Any, Stream] = weakref.WeakKeyDictionary()
 
-    def passes_of(self, dataset: Any) -> Passes:
+    def passes_of(self, dataset: Any, build_reads: int = 0, tensorflow: bool = True) -> Passes:
         found = self.passes.get(dataset)
         if found is None:
-            found = self.passes[dataset] = Passes(dataset)
+            found = self.passes[dataset] = Passes(dataset, build_reads, tensorflow)
         return found
 
 

@@ -12,7 +12,8 @@ unknown Keras costs exactness or speed, never a save or a resume. Callers write
 - `fit`: ``keras.src.trainers.data_adapters``' ``array_data_adapter.ArrayDataAdapter`` (its
   ``get_tf_dataset``, ``get_numpy_iterator``, ``get_torch_dataloader``), ``can_convert_arrays``,
   ``array_slicing.train_validation_split``; the ``keras.callbacks.CallbackList`` and ``x`` in
-  ``fit``'s frame; ``Trainer._symbolic_build(data_batch=...)``; ``Trainer._initial_epoch``.
+  ``fit``'s frame; ``Trainer._symbolic_build(data_batch=...)``; ``Trainer._initial_epoch``; how
+  ``EpochIterator._enumerate_iterator`` creates a dataset's iterators (modelled, not reached).
 - `callbacks`: ``keras.callbacks.TensorBoard._global_train_batch``, ``_global_test_batch``,
   ``_writers``; ``keras.callbacks.ModelCheckpoint._save_model``, ``_get_file_path``,
   ``_should_save_model`` (Keras 3.10+; before, its decision is made here as those versions
@@ -58,6 +59,7 @@ from resumable.keras.compat.fit import (
     ArrayAdapters,
     array_adapters,
     build_for_fit,
+    dataset_iterators_per_pass,
     running_fit_callbacks,
     running_fit_input,
     set_fit_initial_epoch,
@@ -83,8 +85,8 @@ from resumable.keras.compat.stores import SavedValue, write_sharded_weights, wri
 from resumable.keras.compat.variables import lora_layer_variables, trained_non_trainable_variables
 
 __all__ = ["array_adapters", "ArrayAdapters", "assigned_in_place", "backup_names", "BackupNames",
-           "build_for_fit", "can_shard",
-           "can_write_legacy_weights", "compile_config_kept", "flush_tensorboard", "global_seed_generator",
+           "build_for_fit", "can_shard", "can_write_legacy_weights", "compile_config_kept",
+           "dataset_iterators_per_pass", "flush_tensorboard", "global_seed_generator",
            "load_keras_archive", "load_sharded_weights", "load_unzipped_model", "load_weights_from",
            "lora_layer_variables", "model_checkpoint_internals", "model_json", "running_fit_callbacks",
            "running_fit_input", "saved_values", "SavedValue", "says_finished_saving", "set_fit_initial_epoch",

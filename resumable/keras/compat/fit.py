@@ -118,3 +118,16 @@ def set_fit_initial_epoch(model: keras.Model, epoch: int | None) -> None:
         raise ResumableError(unsupported("keras.Model._initial_epoch (how BackupAndRestore sets fit's epoch)")
                              + "; use resumable.resume() and run.fit instead")
     model._initial_epoch = epoch
+
+
+def dataset_iterators_per_pass(known_length: bool, tensorflow: bool) -> int:
+    """Iterators of a ``tf.data.Dataset`` that ``model.fit`` creates for one pass of it (an epoch,
+    or a validation), read a pass per epoch: each one a new seeded shuffle's order.
+
+    Follows ``keras.src.trainers.epoch_iterator.EpochIterator._enumerate_iterator``: one iterator
+    to read the pass and, when the length is known, one more at the pass's end, never read. On
+    TensorFlow that one is the dataset's iterator; on JAX and torch, a generator never started
+    (no iterator). Of an unknown length, every pass ends by running out of data, and Keras then
+    creates none at its end.
+    """
+    return 2 if known_length and tensorflow else 1
