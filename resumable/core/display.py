@@ -23,6 +23,13 @@ def printable(text: str) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
+def first_line(error: BaseException) -> str:
+    """``TypeError: Could not locate class ...``: the first line of a library's message, cut short."""
+    lines = str(error).strip().splitlines()
+    text = f"{type(error).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
 def format_table(
     headers: Sequence[str], rows: Iterable[Sequence[str]], right: Iterable[int] = (), header: bool = True
 ) -> list[str]:

@@ -22,7 +22,7 @@ from typing import Any
 import keras
 
 from resumable.core import user_warnings
-from resumable.core.display import printable
+from resumable.core.display import first_line, printable
 from resumable.core.errors import CheckpointNotFoundError, CorruptCheckpointError, ResumableError
 from resumable.keras import compat, file_epochs, loading, model_files, topology
 from resumable.manager.storage_names import CORRUPT, ModelFile, RunFolder, list_model_files, split_url
@@ -130,7 +130,7 @@ def load_newest(url: str, build_model: Callable[[], keras.Model] | None, *, temp
             except ResumableError:  # the storage's (not mounted, no access): not this file's fault
                 raise
             except Exception as e:  # noqa: BLE001 - whatever Keras raises on a file it cannot read: said, skipped
-                problem = f"cannot be loaded ({_first_line(e)})"
+                problem = f"cannot be loaded ({first_line(e)})"
             else:
                 if undated:
                     user_warnings.warn(f"resumable: {_undated_line(undated, adopted=file.name)}")
@@ -193,7 +193,7 @@ def _backups(url: str, storage_options: dict[str, Any] | None,
                 saved = json.loads(data)
                 epoch, batch = int(saved["epoch"]), int(saved.get("batch") or 0)
             except (ValueError, KeyError, TypeError) as e:
-                problem = f"its {metadata} cannot be read ({_first_line(e)})"
+                problem = f"its {metadata} cannot be read ({first_line(e)})"
         mine = listed.get(weights)
         when = mine.saved.timestamp() if mine is not None and mine.saved is not None else 0.0
         found.append(Candidate(weights, folder.url_of(weights), KERAS_BACKUP, epoch if not problem else -1,
@@ -239,11 +239,6 @@ def _undated_line(undated: list[Candidate], adopted: str | None) -> str:
             "or move it out to start a new run here")
     return printable(f"{folder}: {names} carries no epoch in its name, so it is not adopted "
                      f"(the epoch is never guessed); {then}")
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return text[0] if text else type(error).__name__
 
 
 __all__ = ["KERAS_BACKUP", "KERAS_FILE", "RESUMABLE_FILE", "SAVED_FILE", "Adopted", "Candidate", "candidates",

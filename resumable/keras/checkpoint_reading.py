@@ -38,7 +38,7 @@ from typing import IO, Any, BinaryIO
 
 import numpy as np
 
-from resumable.core.display import human_size, printable
+from resumable.core.display import first_line, human_size, printable
 from resumable.core.errors import CorruptCheckpointError, ResumableError
 from resumable.keras import zip_member
 
@@ -77,14 +77,7 @@ def refusals(where: str, name: str) -> Iterator[None]:
     except REFUSED as e:
         if isinstance(e, OSError) and e.errno in NOT_THE_FILE or str(e).startswith(UNSUPPORTED):
             raise
-        raise damaged(where, name, f"cannot be read ({_first_line(e)})") from None
-
-
-def _first_line(error: BaseException) -> str:
-    """``TypeError: Could not locate class ...``: the first line of a library's message, cut short."""
-    lines = str(error).strip().splitlines()
-    text = f"{type(error).__name__}: {lines[0] if lines else ''}".rstrip(": ")
-    return text if len(text) <= 200 else text[:197] + "..."
+        raise damaged(where, name, f"cannot be read ({first_line(e)})") from None
 
 
 # ----------------------------------------------------------------------------- zip archives
