@@ -71,3 +71,18 @@ def test_only_what_the_fit_has_is_named(tmp_path: Path, capsys: pytest.CaptureFi
     assert len(lines) == 1 and "fit continues at epoch 3" in lines[0], lines
     assert "this ModelCheckpoint's best loss and the data order" in lines[0], lines  # Keras' files: no record
     assert not any(name in lines[0] for name in ("EarlyStopping", "ReduceLROnPlateau", "CSVLogger")), lines
+
+
+def test_under_run_fit_nothing_is_said(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """run.fit restores the callbacks' state from its checkpoint: no line that says they restart."""
+    template = str(tmp_path / "files" / "w-{epoch:02d}.keras")
+    run = resumable.resume(str(tmp_path / "run"), build_model=small_model, monitor="loss")
+    run.fit(X, Y, epochs=2, callbacks=[resumable.ModelCheckpoint(template, monitor="loss")], **FIT)
+    run = resumable.resume(str(tmp_path / "run"), build_model=small_model, monitor="loss")
+    capsys.readouterr()
+
+    run.fit(X, Y, epochs=3, callbacks=[resumable.ModelCheckpoint(template, monitor="loss"),
+                                       keras.callbacks.EarlyStopping(monitor="loss")], **FIT)
+
+    assert run.initial_epoch == 3 and (tmp_path / "files" / "w-03.keras").exists()
+    assert said_lines(capsys.readouterr().err) == []
