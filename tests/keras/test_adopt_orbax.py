@@ -133,3 +133,17 @@ def test_orbax_arrays_are_the_steps_values(tmp_path: Path) -> None:
         assert len(mine) == len(theirs) > 2
         for a, b in zip(mine, theirs, strict=True):
             np.testing.assert_array_equal(np.asarray(a.value), np.asarray(b.value))
+
+
+def test_resumable_list_says_resume_adopts_the_steps(tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    from resumable.cli.listing import run_list
+
+    folder = tmp_path / "orbax"
+    orbax_trained(folder, 3, max_to_keep=2)
+    capsys.readouterr()
+    run_list(str(folder))
+    said = capsys.readouterr().out
+    assert "latest good: none; 1, 2 look like keras.callbacks.OrbaxCheckpoint steps, which resume() " \
+        "adopts" in said
+    assert "would start afresh" not in said
