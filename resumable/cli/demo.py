@@ -8,14 +8,20 @@ The unbroken reference run trains into a temporary folder, deleted at the end.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
+
+from resumable.cli.child_output import BannerOnce, forward
 
 DEFAULT_FOLDER = "./resumable-demo"
 EPOCHS = 8
@@ -32,15 +38,17 @@ def main(folder: str | None = None) -> int:
 
     run = Path(folder or DEFAULT_FOLDER) / datetime.now().strftime("run-%Y%m%d-%H%M%S")
     storage = RunStorage(str(run))
+    banner = BannerOnce()  # TensorFlow's start-up lines: once for the demo, not twice a process
     print(f"resumable demo: training a small model for {EPOCHS} epochs into {run}", flush=True)
     with tempfile.TemporaryDirectory(prefix="resumable-demo-") as scratch:
         resumed_weights, unbroken_weights = Path(scratch) / "resumed.npz", Path(scratch) / "unbroken.npz"
 
         print(f"\n== Session 1: train; the runtime dies (SIGKILL) after epoch {KILL_AFTER_EPOCH}", flush=True)
-        child = _start_training(run, resumed_weights)
+        child = _start_training(run, resumed_weights, banner)
         deadline = time.monotonic() + 600
         while child.poll() is None and time.monotonic() < deadline:
-            latest = storage.latest()
+            with _quiet():  # a checkpoint being written is no news: the child says its own lines
+                latest = storage.latest()
             if latest is not None and latest.epoch is not None and latest.epoch >= KILL_AFTER_EPOCH:
                 break
             time.sleep(0.2)
@@ -53,7 +61,7 @@ def main(folder: str | None = None) -> int:
         resumed_from = storage.latest()
 
         print("\n== Session 2: run the same code again; it continues where it stopped", flush=True)
-        child = _start_training(run, resumed_weights)
+        child = _start_training(run, resumed_weights, banner)
         if child.wait() != 0:
             print(f"error: the resumed training failed with exit code {child.returncode}", file=sys.stderr)
             return 2
@@ -66,7 +74,7 @@ def main(folder: str | None = None) -> int:
 
         print(f"\n== For comparison: the same {EPOCHS} epochs, never killed (in a temporary folder)",
               flush=True)
-        child = _start_training(Path(scratch) / "unbroken", unbroken_weights, reference=True)
+        child = _start_training(Path(scratch) / "unbroken", unbroken_weights, banner, reference=True)
         if child.wait() != 0:
             print(f"error: the unbroken training failed with exit code {child.returncode}", file=sys.stderr)
             return 2
@@ -90,7 +98,19 @@ def _compare(resumed: Path, unbroken: Path) -> str:
             "(expected only with nondeterministic ops)")
 
 
-def _start_training(run: Path, weights: Path, reference: bool = False) -> subprocess.Popen[bytes]:
+class _Training(subprocess.Popen[bytes]):
+    """A training process whose stderr a thread passes on; `wait` lets that thread finish too."""
+
+    stderr_thread: threading.Thread | None = None
+
+    def wait(self, timeout: float | None = None) -> int:
+        code = super().wait(timeout)
+        if self.stderr_thread is not None:
+            self.stderr_thread.join(timeout=10)
+        return code
+
+
+def _start_training(run: Path, weights: Path, banner: BannerOnce, reference: bool = False) -> _Training:
     """The training in a child process; it writes its final weights to ``weights``.
 
     ``reference``: the run never killed, quiet and at full speed."""
@@ -98,7 +118,22 @@ def _start_training(run: Path, weights: Path, reference: bool = False) -> subpro
     argv = [sys.executable, "-m", "resumable.cli.demo", "--train", str(run), str(weights)]
     if reference:
         argv.append("--reference")
-    return subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL if reference else None)
+    child = _Training(argv, env=env, stdout=subprocess.DEVNULL if reference else None, stderr=subprocess.PIPE)
+    assert child.stderr is not None
+    child.stderr_thread = forward(child.stderr, sys.stderr, banner)
+    return child
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """resumable's warnings off: the demo's own process only watches the run folder."""
+    log = logging.getLogger("resumable")
+    before = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(before)
 
 
 def _train(run: str, weights: str, slow: bool = True) -> None:

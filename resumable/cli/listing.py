@@ -67,7 +67,7 @@ def run_list(
     out("")
     out_lines(problem_lines(infos))
     out(_summary(infos))
-    out(f"latest good: {_describe(latest)}" if latest else "latest good: none; resume() would start afresh")
+    out(f"latest good: {_describe(latest)}" if latest else _none_good(infos))
     out(ranking.describe(best))
     if any(not i.ok for i in infos):
         out(f"`resumable prune {storage.url}` removes unfinished or corrupt ones older than the latest good")
@@ -93,6 +93,17 @@ def confirm_latest(storage: RunStorage, infos: list[CheckpointInfo]) -> list[Che
         at = infos.index(latest)
         infos = [*infos[:at], *found, *infos[at + 1:]]
     return infos
+
+
+def _none_good(infos: Sequence[CheckpointInfo]) -> str:
+    """The latest-good line of a folder without one: numbered folders are not interrupted saves but
+    keras.callbacks.OrbaxCheckpoint's steps, which resume() adopts (and prune, which counts them
+    newer than any checkpoint, never deletes)."""
+    steps = sorted((i.name for i in infos if i.name.isdigit() and not i.ok), key=int)
+    if not steps:
+        return "latest good: none; resume() would start afresh"
+    return (f"latest good: none; {', '.join(steps[-3:])} look like keras.callbacks.OrbaxCheckpoint steps, "
+            "which resume() adopts (the newest good one, at its epoch) and never changes")
 
 
 def _metric_cells(logged: Sequence[dict[str, float]], name: str) -> list[str]:

@@ -1,12 +1,12 @@
 """The model files a folder held before it had checkpoints of its own: adopted by `resume()`, and
 read by `load_newest_model` for a `resumable.ModelCheckpoint` (or Keras ModelCheckpoint) template.
 
-Three kinds are found: `resumable.ModelCheckpoint` files (their checksum records give the epoch
-and are checked), Keras ModelCheckpoint files (the epoch from the name, `file_epochs`) and a Keras
+Four kinds are found: `resumable.ModelCheckpoint` files (their checksum records give the epoch
+and are checked), Keras ModelCheckpoint files (the epoch from the name, `file_epochs`), a Keras
 BackupAndRestore backup (``latest.weights.h5`` and ``training_metadata.json``, names from
-`compat.keras_backup`). They are tried newest first; a damaged one is skipped with one line. The
-files are only read: never modified, moved or deleted (the run's retention deletes checkpoints
-``ckpt-*`` alone).
+`compat.keras_backup`) and the steps of a Keras OrbaxCheckpoint (`orbax_steps`). They are tried
+newest first; a damaged one is skipped with one line. The files are only read: never modified,
+moved or deleted (the run's retention deletes checkpoints ``ckpt-*`` alone).
 """
 
 from __future__ import annotations
@@ -24,13 +24,14 @@ import keras
 from resumable.core import user_warnings
 from resumable.core.display import first_line, printable
 from resumable.core.errors import CheckpointNotFoundError, CorruptCheckpointError, ResumableError
-from resumable.keras import compat, file_epochs, loading, model_files, topology
+from resumable.keras import compat, file_epochs, loading, model_files, orbax_steps, topology
 from resumable.manager.storage_names import CORRUPT, ModelFile, RunFolder, list_model_files, split_url
 
 RESUMABLE_FILE = "a resumable.ModelCheckpoint file"
 KERAS_FILE = "a keras.callbacks.ModelCheckpoint file"
 KERAS_BACKUP = "a keras.callbacks.BackupAndRestore backup"
 SAVED_FILE = "a resumable.save_model file"
+ORBAX_STEP = orbax_steps.KIND
 
 # What a checkpoint holds and a model file does not: said in the adoption line.
 _NOT_CARRIED = ("EarlyStopping's and ReduceLROnPlateau's counters", "the history", "the data order")
@@ -99,6 +100,9 @@ def candidates(url: str, *, template: str | None = None,
         found.append(_model_file(file, pattern, names))
     if pattern is None:
         found.extend(_backups(url, storage_options, {f.name: f for f in folder.files}))
+        found.extend(Candidate(f"step {s.number}", s.url, ORBAX_STEP, s.number + 1, 0, s.problem,
+                               details={"orbax_step": s.number, "orbax_weights_only": s.weights_only})
+                     for s in orbax_steps.steps(url, folder.folders, storage_options))
     return sorted(found, key=Candidate.order, reverse=True)
 
 
@@ -120,6 +124,8 @@ def load_newest(url: str, build_model: Callable[[], keras.Model] | None, *, temp
         if file.name in unbuilt:
             continue
         problem = file.problem
+        if not problem and file.kind == ORBAX_STEP:
+            _check_orbax(file, url)
         if not problem:
             with topology.scope(strategy, distribution):  # a bad build_model raises: not the file's fault
                 model = loading.build(build_model) if build_model is not None else None
@@ -129,6 +135,11 @@ def load_newest(url: str, build_model: Callable[[], keras.Model] | None, *, temp
                 problem = printable(str(e))
             except ResumableError:  # the storage's (not mounted, no access): not this file's fault
                 raise
+            except orbax_steps.BatchStep as e:
+                raise CheckpointNotFoundError(printable(
+                    f"{file.url}: {e}, so it is not adopted (the epoch is never guessed); continue it with "
+                    f"keras.saving.load_model({url!r}) and fit(initial_epoch=<the epochs done>), or save "
+                    "with save_freq=\"epoch\" for resume() to continue")) from None
             except Exception as e:  # noqa: BLE001 - whatever Keras raises on a file it cannot read: said, skipped
                 problem = f"cannot be loaded ({first_line(e)})"
             else:
@@ -148,6 +159,19 @@ def load_newest(url: str, build_model: Callable[[], keras.Model] | None, *, temp
     raise CheckpointNotFoundError(
         f"{where}: none of its {len(files)} model files can be continued from (said above); move them "
         "to another folder to start a new run here, or fix what was said and call it again")
+
+
+def _check_orbax(file: Candidate, url: str) -> None:
+    """A step that cannot be read here, or read without guessing: one line saying what to do."""
+    if not orbax_steps.available():
+        raise CheckpointNotFoundError(printable(
+            f"{url} holds checkpoints keras.callbacks.OrbaxCheckpoint wrote (newest: {file.name}); reading "
+            f"them needs orbax-checkpoint: run `{orbax_steps.INSTALL}` and call resume() again"))
+    if file.details.get("orbax_weights_only"):
+        raise CheckpointNotFoundError(printable(
+            f"{file.url} was saved with OrbaxCheckpoint(save_weights_only=True): it holds no optimizer "
+            "state, and its step does not tell epochs from batches, so it is not adopted; continue it "
+            f"with model.load_weights({url!r}) and fit(initial_epoch=<the epochs done>)"))
 
 
 def _model_file(file: ModelFile, pattern: Any, names: list[str]) -> Candidate:
@@ -210,6 +234,9 @@ def _load(file: Candidate, built: keras.Model | None, strategy: Any, distributio
           storage_options: dict[str, Any] | None) -> keras.Model:
     """The file's model: ``built`` (build_model's) with the file's weights and optimizer state, else the
     file's own model. The file is read where it is (downloaded from a bucket), never changed."""
+    if file.kind == ORBAX_STEP:
+        with topology.scope(strategy, distribution):
+            return orbax_steps.load(file.url, int(file.details["orbax_step"]), built, storage_options)
     path, _ = model_files.local_copy(file.url, storage_options, warn_unrecorded=False)
     staged = None
     if file.name.endswith(".bkp"):  # Keras reads weights by their suffix: a copy under a name it reads
@@ -241,5 +268,5 @@ def _undated_line(undated: list[Candidate], adopted: str | None) -> str:
                      f"(the epoch is never guessed); {then}")
 
 
-__all__ = ["KERAS_BACKUP", "KERAS_FILE", "RESUMABLE_FILE", "SAVED_FILE", "Adopted", "Candidate", "candidates",
-           "load_newest"]
+__all__ = ["KERAS_BACKUP", "KERAS_FILE", "ORBAX_STEP", "RESUMABLE_FILE", "SAVED_FILE", "Adopted", "Candidate",
+           "candidates", "load_newest"]

@@ -24,7 +24,7 @@ import keras
 from absl import logging as absl_logging
 
 from resumable.core.errors import ResumableError
-from resumable.keras import compat, legacy_h5, model_files, state_file, training_state
+from resumable.keras import compat, continuing_fit, legacy_h5, model_files, state_file, training_state
 from resumable.keras.model_files import load_model, load_weights, save_model, verify_file
 from resumable.manager.file_writer import FileJob, FileWriter
 from resumable.manager.storage_names import FileTarget, check_drive_mounted, split_url
@@ -130,6 +130,7 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
         # Keras' "finished saving" lines, once the file landed, printed by the training thread
         self._lines: list[str] = []
         self._lines_lock = threading.Lock()
+        self._fit_started = False  # the first epoch of a fit not seen yet
 
     def __repr__(self) -> str:
         return f"ModelCheckpoint({self.filepath!r}, monitor={self.monitor!r})"
@@ -138,6 +139,7 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         super().on_train_begin(logs)
+        self._fit_started = True
         if legacy_h5.is_legacy_name(self.filepath) and not self.save_weights_only:
             _check_legacy_model(self.model, self.filepath)
 
@@ -147,6 +149,9 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
 
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         super().on_epoch_begin(epoch, logs)
+        if self._fit_started:  # fit(initial_epoch=N): what restarts, once
+            self._fit_started = False
+            continuing_fit.say_what_restarts(self, epoch, self.storage_options)
         self.print_lines()
 
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:

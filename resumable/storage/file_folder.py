@@ -18,6 +18,7 @@ from typing import Any
 
 from resumable.core.display import printable
 from resumable.core.errors import CorruptCheckpointError
+from resumable.core.naming import is_plain_name
 from resumable.storage.folder import RunFolder, listed_file
 from resumable.storage.records import ListedFile
 from resumable.storage.single_file import (
@@ -123,6 +124,7 @@ class FileFolder:
     url: str
     files: list[ModelFile]
     leftovers: list[str]  # temporary copies of killed writers (names)
+    folders: list[str] = field(default_factory=list)  # the folders beside them (names): Orbax's steps
 
 
 def list_model_files(url: str, *, storage_options: dict[str, Any] | None = None) -> FileFolder:
@@ -136,12 +138,16 @@ def list_model_files(url: str, *, storage_options: dict[str, Any] | None = None)
         except FileNotFoundError:
             entries = []
     listed: dict[str, ListedFile] = {}
+    folders: list[str] = []
     for entry in entries:
         if entry.get("type") == "directory":
+            name = str(entry["name"]).rstrip("/").rsplit("/", 1)[-1]
+            folders.extend([name] if is_plain_name(name) and not entry.get("islink") else [])
             continue
         name = str(entry["name"]).rstrip("/").rsplit("/", 1)[-1]
         listed[name] = listed_file(entry)
-    return _classify(folder, listed, storage_options)
+    found = _classify(folder, listed, storage_options)
+    return FileFolder(found.url, found.files, found.leftovers, folders)
 
 
 def holds_model_files(folder: FileFolder) -> bool:

@@ -23,12 +23,17 @@ def test_demo_is_killed_resumes_and_finishes(tmp_path: Path) -> None:
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "killed the training process" in out.stdout
+    # TensorFlow's banner (twice per process in TF 2.21, three processes) shows once, if at all.
+    for banner in ("absl::InitializeLog()", "oneDNN custom operations", "cpu_feature_guard"):
+        assert out.stderr.count(banner) <= 1, (banner, out.stderr[-3000:])
+    assert " ignoring " not in out.stderr, out.stderr[-3000:]  # the demo's own watching says nothing
     (run,) = tmp_path.glob("run-*")
 
     listing = subprocess.run(
         [sys.executable, "-m", "resumable", "list", str(run), "--json"],
         capture_output=True, text=True, check=True,
     )
+    assert not re.search("InitializeLog|oneDNN|cpu_feature_guard", listing.stderr), listing.stderr  # no TF
     checkpoints = json.loads(listing.stdout)["checkpoints"]
     epochs = [c["epoch"] for c in checkpoints if c["status"] == "ok"]
     assert max(epochs) == EPOCHS
