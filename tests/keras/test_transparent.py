@@ -154,24 +154,11 @@ def with_run_fit(case: str, folder: Path, epochs: int) -> list[np.ndarray]:
 
 
 # Cases that still differ from model.fit, and why.
-DIFFERS = {
-    "PyDataset shuffling in on_epoch_end": ("run.fit draws a PyDataset's batch order from a seed of its "
-                                            "own (py_dataset), not from Python's random as fit's "
-                                            "shuffle=True does"),
-}
-
-
-# On torch (the torch lane), run.fit still reads other iterators than model.fit for tf.data and
-# a PyDataset: found when this module joined the lanes, not yet mended (#52).
-ON_TORCH = "on torch, run.fit does not yet read the iterators model.fit reads (tf.data, PyDataset)"
+DIFFERS: dict[str, str] = {}
 
 
 def differs(case: str) -> str | None:
-    if case in DIFFERS:
-        return DIFFERS[case]
-    if keras.backend.backend() == "torch" and case.startswith(("tf.data", "PyDataset")):
-        return ON_TORCH
-    return None
+    return DIFFERS.get(case)
 
 
 def cases() -> list[Any]:
