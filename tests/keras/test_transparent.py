@@ -18,6 +18,7 @@ import pytest
 keras = pytest.importorskip("keras")
 tf = pytest.importorskip("tensorflow")
 
+from fit_interrupts import InterruptAt  # noqa: E402
 from keras_helpers import assert_equal_weights  # noqa: E402
 
 import resumable  # noqa: E402
@@ -144,12 +145,13 @@ def with_model_fit(case: str) -> list[np.ndarray]:
     return model.get_weights()
 
 
-def with_run_fit(case: str, folder: Path, epochs: int) -> list[np.ndarray]:
+def with_run_fit(case: str, folder: Path, epochs: int,
+                 callbacks: list[Any] | None = None) -> list[np.ndarray]:
     make_input, extra = CASES[case]
     keras.utils.set_random_seed(SEED)
     run = resumable.resume(str(folder), build_model=make_model)
     args, kwargs = fit_arguments(make_input, extra)
-    run.fit(*args, epochs=epochs, verbose=0, **kwargs)
+    run.fit(*args, epochs=epochs, verbose=0, callbacks=callbacks, **kwargs)
     return run.model.get_weights()
 
 
@@ -177,3 +179,15 @@ def test_a_resumed_run_fit_ends_as_model_fit(case: str, tmp_path: Path) -> None:
     expected = with_model_fit(case)
     with_run_fit(case, tmp_path / "run", STOP_AT)
     assert_equal_weights(with_run_fit(case, tmp_path / "run", EPOCHS), expected, f"{case}, resumed")
+
+
+# Inputs whose order an epoch draws: Ctrl-C three batches into the second epoch, then a resume.
+MID_EPOCH = ["tf.data reshuffling", "PyDataset shuffling in on_epoch_end", "arrays, shuffle=True"]
+
+
+@pytest.mark.parametrize("case", MID_EPOCH)
+def test_a_run_fit_resumed_mid_epoch_ends_as_model_fit(case: str, tmp_path: Path) -> None:
+    expected = with_model_fit(case)
+    with pytest.raises(KeyboardInterrupt):
+        with_run_fit(case, tmp_path / "run", EPOCHS, callbacks=[InterruptAt(epoch=1, batch=3)])
+    assert_equal_weights(with_run_fit(case, tmp_path / "run", EPOCHS), expected, f"{case}, resumed mid-epoch")
