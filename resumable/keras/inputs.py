@@ -82,6 +82,7 @@ class Feed(keras.callbacks.Callback):
             self.roles[VALIDATION] = self._dataset_passes(validation, VALIDATION)
         self._fit_epoch = epoch
         self._pulled_at_fit = 0
+        self._said_workers = False
 
     # ------------------------------------------------------------------ choosing a replay
 
@@ -240,6 +241,14 @@ class Feed(keras.callbacks.Callback):
         if role.sample() is None:  # fit reads a batch itself (arrays, generators)
             return
         reads = compat.fit_reads_to_build(model)
+        if reads and isinstance(role, PyDatasetRole) and role.per_epoch and not self._said_workers:
+            self._said_workers = True
+            user_warnings.warn(
+                f"resumable: run.fit reads the {describe(role.dataset)} as a plain model.fit would not "
+                f"on {keras.backend.backend()}: there model.fit reads a batch of it with its workers to "
+                "build the model, which leaves Keras' worker queue a batch behind for the whole fit; "
+                "run.fit builds the model first, so every epoch reads its own pass, an order a resumed "
+                "run can read again")
         batch = role.build_read() if reads else role.sample()
         if reads and keras.backend.backend() == "torch":
             torch_backend.loader_starts()
