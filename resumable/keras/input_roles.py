@@ -29,6 +29,7 @@ class Role:
     """One input of the fits (training or validation data), as resumable replays it."""
 
     kind = "other"
+    samples = False  # `sample` gives shapes without moving the input on
 
     def before_epoch(self, epoch: int) -> None:
         """The epoch begins (the training input), or its validation (the validation input)."""
@@ -80,6 +81,7 @@ class DatasetPasses(Role):
     unbroken run reads then (`tf_data.Passes`)."""
 
     kind = "tf.data"
+    samples = True
 
     def __init__(self, passes: tf_data.Passes, role: str) -> None:
         self.passes = passes
@@ -140,6 +142,7 @@ class Stream(Role):
 
 class DatasetStream(Stream):
     kind = "tf.data"
+    samples = True
 
     def __init__(self, stream: tf_data.Stream) -> None:
         super().__init__(stream.position)
@@ -192,6 +195,7 @@ class PyDatasetRole(Role):
     """
 
     kind = "PyDataset"
+    samples = True
 
     def __init__(self, dataset: Any, shuffle: bool, start: int, pending: Any, epoch: int,
                  epoch_rng: dict[str, Any] | None) -> None:

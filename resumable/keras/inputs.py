@@ -238,7 +238,7 @@ class Feed(keras.callbacks.Callback):
         if keras.backend.backend() == "tensorflow":  # its fit reads no batch (but under a strategy)
             return
         role = self.roles[TRAIN]
-        if role.sample() is None:  # fit reads a batch itself (arrays, generators)
+        if not role.samples:  # fit reads a batch itself (arrays, generators)
             return
         reads = compat.fit_reads_to_build(model)
         if reads and isinstance(role, PyDatasetRole) and role.per_epoch and not self._said_workers:
@@ -249,9 +249,9 @@ class Feed(keras.callbacks.Callback):
                 "build the model, which leaves Keras' worker queue a batch behind for the whole fit; "
                 "run.fit builds the model first, so every epoch reads its own pass, an order a resumed "
                 "run can read again")
-        batch = role.build_read() if reads else role.sample()
-        if reads and keras.backend.backend() == "torch":
+        if reads and keras.backend.backend() == "torch":  # the loader starts before it reads
             torch_backend.loader_starts()
+        batch = role.build_read() if reads else role.sample()
         if batch is not None and not compat.build_for_fit(model, batch):
             logger.info("resumable: %s", compat.unsupported("Trainer._symbolic_build"))
 
