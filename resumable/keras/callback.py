@@ -290,6 +290,8 @@ class CheckpointCallback(OptionAttributes, keras.callbacks.Callback):
             self.position.first_epoch = False
             self._start(epoch)
         self.schedule.epoch_begins(self.position.epoch_begins(self.model, self.restored_state))
+        if self.feed is not None:  # Run.fit's inputs draw their epoch's order from the states just set
+            self.feed.rng_ready()
 
     @gives_lease_back_on_error
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:

@@ -2,7 +2,7 @@
 
 Arrays are left to Keras (`Unchanged`); a ``tf.data.Dataset`` is read one pass per epoch
 (`DatasetPasses`) or as one stream across epochs (`DatasetStream`), as is a Python generator
-(`IteratorStream`); a PyDataset is read in an order drawn from a saved seed (`PyDatasetRole`).
+(`IteratorStream`); a PyDataset is read in the order fit would draw (`PyDatasetRole`).
 Each role tells where its input stands (`Role.state`, saved with each checkpoint) and what the
 next ``model.fit`` reads from it (`Role.for_fit`). Where this session left generators and
 PyDatasets is remembered for the next `Run.fit` of the same object.
@@ -16,7 +16,7 @@ import weakref
 from collections.abc import Iterator
 from typing import Any
 
-from resumable.keras import py_dataset, tf_data, user_state
+from resumable.keras import compat, py_dataset, tf_data, training_state, user_state
 
 logger = logging.getLogger("resumable")
 
@@ -29,6 +29,7 @@ class Role:
     """One input of the fits (training or validation data), as resumable replays it."""
 
     kind = "other"
+    samples = False  # `sample` gives shapes without moving the input on
 
     def before_epoch(self, epoch: int) -> None:
         """The epoch begins (the training input), or its validation (the validation input)."""
@@ -54,6 +55,10 @@ class Role:
         None when there is no such thing (a generator)."""
         return None
 
+    def build_read(self) -> Any:
+        """`sample`, drawing what ``fit``'s read of a first batch to build the model draws."""
+        return self.sample()
+
     def state(self) -> dict[str, Any]:
         return {"kind": self.kind}
 
@@ -76,6 +81,7 @@ class DatasetPasses(Role):
     unbroken run reads then (`tf_data.Passes`)."""
 
     kind = "tf.data"
+    samples = True
 
     def __init__(self, passes: tf_data.Passes, role: str) -> None:
         self.passes = passes
@@ -136,6 +142,7 @@ class Stream(Role):
 
 class DatasetStream(Stream):
     kind = "tf.data"
+    samples = True
 
     def __init__(self, stream: tf_data.Stream) -> None:
         super().__init__(stream.position)
@@ -174,30 +181,36 @@ def _limited(iterator: Iterator[Any], limit: int) -> Iterator[Any]:
 
 
 class PyDatasetRole(Role):
-    """A ``keras.utils.PyDataset``: its batches in an order `Run.fit` draws (`py_dataset`), from a
-    seed saved with the checkpoints; its own state through ``get_state``/``set_state`` when it has
-    them, saved with each checkpoint and given back when a fit's first epoch begins (after the
-    ``on_epoch_end`` Keras calls when ``fit`` starts).
+    """A ``keras.utils.PyDataset``: its batches in the order ``fit(shuffle=True)`` would draw for
+    each epoch, drawn as Keras draws it (`py_dataset`, `compat.pydataset_epoch_order`); its own
+    state through ``get_state``/``set_state`` when it has them, saved with each checkpoint and
+    given back when a fit's first epoch begins (after the ``on_epoch_end`` Keras calls when
+    ``fit`` starts).
 
-    An endless one (no ``num_batches``) is read from index 0 on, across epochs, when Keras reads
-    it in this thread; with workers Keras starts again at 0 each epoch. Either way, resumed, it
-    starts where the unbroken run was.
+    A resumed epoch's order is drawn again from ``epoch_rng`` (the random states its epoch began
+    with, saved with a mid-epoch checkpoint); the global RNG is the checkpoint's, already past
+    that draw. An endless one (no ``num_batches``) is read from index 0 on, across epochs, when
+    Keras reads it in this thread; with workers Keras starts again at 0 each epoch. Either way,
+    resumed, it starts where the unbroken run was.
     """
 
     kind = "PyDataset"
+    samples = True
 
-    def __init__(self, dataset: Any, seed: int, shuffle: bool, start: int, pending: Any, epoch: int) -> None:
+    def __init__(self, dataset: Any, shuffle: bool, start: int, pending: Any, epoch: int,
+                 epoch_rng: dict[str, Any] | None) -> None:
         self.dataset = dataset
-        self.seed = seed
-        self.shuffle = shuffle
         self.count = py_dataset.batch_count(dataset)
+        self.shuffles = shuffle and self.count is not None  # Keras shuffles finite ones only
         # Keras' enqueuer restarts an endless dataset at index 0 each epoch; its own loop does not
         self.per_epoch = dataset.workers > 1 or (dataset.workers > 0 and dataset.use_multiprocessing)
         self.stream = Stream(start)
         self.pending = pending  # a saved {"state": ...} to give back before the next epoch
         self.name = f"PyDataset {type(dataset).__name__}"
         self.epoch = epoch
+        self.epoch_rng = epoch_rng or {}
         self.skip = 0
+        self.draw_due = False  # the epoch begun still draws its order (`draw_order`)
         self.current: py_dataset.Ordered | None = None
 
     def before_epoch(self, epoch: int) -> None:
@@ -206,15 +219,36 @@ class PyDatasetRole(Role):
             self.pending = None
         self.epoch = epoch
         if self.current is not None:
-            self.current.order = self._order(epoch, self.skip)
+            self.current.order = self._order(self.skip)
             if self.per_epoch:  # Keras' enqueuer counts from 0 again; its own loop counts on
                 self.current.offset = self.skip
+        self.draw_due = self.shuffles and not self.skip
         self.skip = 0  # only the fit's first epoch, the resumed one, starts mid-way
 
-    def _order(self, epoch: int, skip: int) -> list[int] | None:
+    def draw_order(self) -> None:
+        """The random states are the epoch's (a resumed fit's put back): draw its order now, as
+        Keras would when it starts the pass."""
+        if self.draw_due and self.current is not None and self.count is not None:
+            self.current.order = compat.pydataset_epoch_order(self.count)
+        self.draw_due = False
+
+    def _order(self, skip: int) -> list[int] | None:
+        """The epoch's batches from ``skip`` on: a resumed epoch's as drawn from ``epoch_rng``;
+        else in order until `draw_order` (Keras reads the first ones in order to learn the shapes)."""
         if self.count is None:
             return None
-        return py_dataset.epoch_order(self.seed, epoch, self.count, self.shuffle)[skip:]
+        if skip and self.shuffles:
+            drawn = compat.pydataset_epoch_order(self.count, training_state.python_random(self.epoch_rng))
+            return drawn[skip:]
+        return list(range(self.count))[skip:]
+
+    def build_read(self) -> Any:
+        """What ``fit`` draws and reads when it reads a batch to build the model: the order of a
+        pass (from Python's global RNG), and that pass's first batch."""
+        if self.count is None:
+            return self.sample()
+        order = compat.pydataset_epoch_order(self.count) if self.shuffles else list(range(self.count))
+        return self.dataset[order[0]] if order else None
 
     def batch_done(self, batch: int) -> None:
         self.stream.batch_done(batch)
@@ -226,12 +260,12 @@ class PyDatasetRole(Role):
         self.stream.fit_done()
         if user_state.has_protocol(self.dataset):
             self.pending = user_state.capture(self.dataset, self.name)
-        PYDATASETS[self.dataset] = (self.seed, self.stream.position, self.pending)
+        PYDATASETS[self.dataset] = (self.stream.position, self.pending)
 
     def for_fit(self, limit: int | None, skip: int) -> Any:
         self.skip = skip
         offset = skip if self.per_epoch else self.stream.position
-        self.current = py_dataset.Ordered(self.dataset, self._order(self.epoch, skip), offset)
+        self.current = py_dataset.Ordered(self.dataset, self._order(skip), offset)
         return self.current
 
     def overrides(self) -> dict[str, Any]:
@@ -242,7 +276,7 @@ class PyDatasetRole(Role):
 
     def state(self) -> dict[str, Any]:
         saved = user_state.capture(self.dataset, self.name) if user_state.has_protocol(self.dataset) else None
-        return {"kind": self.kind, "order_seed": self.seed, "position": self.stream.position, **(saved or {})}
+        return {"kind": self.kind, "position": self.stream.position, **(saved or {})}
 
 
 class Remembered:
@@ -270,7 +304,7 @@ class Remembered:
 ROLE_NAMES = {TRAIN: "training input", VALIDATION: "validation data"}
 # Where this session left Python iterators and PyDatasets given to run.fit.
 ITERATOR_POSITIONS = Remembered()
-# a PyDataset's (order seed, stream position, saved get_state())
+# a PyDataset's (stream position, saved get_state())
 PYDATASETS = Remembered()
 
 

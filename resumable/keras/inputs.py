@@ -15,7 +15,6 @@ NumPy arrays need none of this: Keras orders them from the RNG states the checkp
 
 from __future__ import annotations
 
-import functools
 import inspect
 import logging
 from collections.abc import Iterator
@@ -25,7 +24,7 @@ import keras
 
 from resumable.core import user_warnings
 from resumable.core.display import printable
-from resumable.keras import compat, positioning, py_dataset, tf_data, user_state
+from resumable.keras import compat, positioning, py_dataset, tf_data, torch_backend, user_state
 from resumable.keras.input_roles import (
     ITERATOR_POSITIONS,
     PYDATASETS,
@@ -60,15 +59,18 @@ class Feed(keras.callbacks.Callback):
     and what checkpoints record of them (`state`).
 
     ``epoch`` and ``batch`` are where the run stands (a mid-epoch checkpoint: ``batch`` > 0);
-    ``saved`` is the restored checkpoint's ``inputs`` ({} for a new run or an older checkpoint).
+    ``saved`` is the restored checkpoint's ``inputs`` ({} for a new run or an older checkpoint);
+    ``epoch_rng`` a mid-epoch checkpoint's random states at its epoch's start (None: none).
     """
 
     def __init__(self, model: keras.Model, args: tuple[Any, ...], kwargs: dict[str, Any], *,
-                 epoch: int, batch: int, saved: dict[str, Any]) -> None:
+                 epoch: int, batch: int, saved: dict[str, Any],
+                 epoch_rng: dict[str, Any] | None = None) -> None:
         super().__init__()
         self.model_fitted = model
         self.arguments = _bind(model, args, kwargs)
         self.epoch = epoch
+        self.epoch_rng = epoch_rng or {}
         self.resumed = epoch > 0 or batch > 0
         self.problems: list[str] = []
         steps = self.arguments.get("steps_per_epoch")
@@ -80,11 +82,7 @@ class Feed(keras.callbacks.Callback):
             self.roles[VALIDATION] = self._dataset_passes(validation, VALIDATION)
         self._fit_epoch = epoch
         self._pulled_at_fit = 0
-
-    @functools.cached_property
-    def order_seed(self) -> int:
-        """The seed of the batch orders `Run.fit` draws for a PyDataset of a new run."""
-        return py_dataset.new_seed()
+        self._said_workers = False
 
     # ------------------------------------------------------------------ choosing a replay
 
@@ -174,20 +172,27 @@ class Feed(keras.callbacks.Callback):
         shuffle = bool(self.arguments.get("shuffle", True))
         known = PYDATASETS.get(dataset)
         if known is not None:
-            seed, start, pending = known
+            start, pending = known
         elif self.resumed and saved.get("kind") == "PyDataset":
-            seed, start = int(saved.get("order_seed", 0)), int(saved.get("position", 0))
+            start = int(saved.get("position", 0))
             pending = {k: v for k, v in saved.items() if k == user_state.STATE_KEY} or None
-        else:
-            # a new run, or a checkpoint without them: the order from the run's seed, from the batch
-            seed, start, pending = self.order_seed, batch, None
+        else:  # a new run, or a checkpoint without it: from the batch
+            start, pending = batch, None
         if self.resumed and known is None and py_dataset.overrides_on_epoch_end(dataset) and not (
                 user_state.has_protocol(dataset)):
             self._say(dataset, TRAIN, "its on_epoch_end may reorder its batches, and resumable cannot save "
                                       "that: give it get_state() and set_state() (see the docs), or leave "
                                       "shuffling to fit (shuffle=True)")
-        role = PyDatasetRole(dataset, seed, shuffle, start, pending, epoch)
-        PYDATASETS[dataset] = (seed, start, pending)
+        role = PyDatasetRole(dataset, shuffle, start, pending, epoch, self.epoch_rng)
+        if batch and role.shuffles and "python" not in self.epoch_rng:
+            self._say(dataset, TRAIN, f"the checkpoint does not hold the random state epoch {epoch + 1}'s "
+                                      "order was drawn from, so the rest of that epoch is read in another "
+                                      "order (the epochs after it are exact)")
+        elif batch and role.shuffles and "order_seed" in saved:
+            self._say(dataset, TRAIN, "its checkpoint was written by an older resumable, which drew the "
+                                      "batch order from a seed of its own: this epoch's rest is read in "
+                                      "fit's order (the epochs after it are exact)")
+        PYDATASETS[dataset] = (start, pending)
         return role
 
     def _check(self, dataset: Any, role: str) -> None:
@@ -226,13 +231,37 @@ class Feed(keras.callbacks.Callback):
     def build_model(self, model: keras.Model) -> None:
         """Build the model as ``fit`` would from its first batch, without reading one: on JAX and
         torch ``fit`` reads a batch of an unbuilt model's input, which would take a batch from a
-        stream and puts Keras' PyDataset queue a batch behind (`compat.build_for_fit`). Call after
-        `arguments_for`."""
+        stream and puts Keras' PyDataset queue a batch behind (`compat.build_for_fit`). What that
+        read draws is drawn here as ``fit`` draws it: a shuffled PyDataset's order of the pass
+        (Python's RNG) and, on torch, the seed of the DataLoader it starts (torch's RNG, which
+        Dropout also draws from). Call after `arguments_for`."""
         if keras.backend.backend() == "tensorflow":  # its fit reads no batch (but under a strategy)
             return
-        batch = self.roles[TRAIN].sample()
+        role = self.roles[TRAIN]
+        if not role.samples:  # fit reads a batch itself (arrays, generators)
+            return
+        reads = compat.fit_reads_to_build(model)
+        if reads and isinstance(role, PyDatasetRole) and role.per_epoch and not self._said_workers:
+            self._said_workers = True
+            user_warnings.warn(
+                f"resumable: run.fit reads the {describe(role.dataset)} as a plain model.fit would not "
+                f"on {keras.backend.backend()}: there model.fit reads a batch of it with its workers to "
+                "build the model, which leaves Keras' worker queue a batch behind for the whole fit; "
+                "run.fit builds the model first, so every epoch reads its own pass, an order a resumed "
+                "run can read again")
+        if reads and keras.backend.backend() == "torch":  # the loader starts before it reads
+            torch_backend.loader_starts()
+        batch = role.build_read() if reads else role.sample()
         if batch is not None and not compat.build_for_fit(model, batch):
             logger.info("resumable: %s", compat.unsupported("Trainer._symbolic_build"))
+
+    def rng_ready(self) -> None:
+        """The epoch's random states are set (a resumed fit's put back by the checkpoint callback,
+        which runs after this Feed): an input drawing its order from them draws it now, before
+        Keras starts the epoch's pass."""
+        role = self.roles[TRAIN]
+        if isinstance(role, PyDatasetRole):
+            role.draw_order()
 
     # ------------------------------------------------------------------ Keras hooks
 

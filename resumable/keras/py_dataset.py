@@ -1,34 +1,20 @@
 """A ``keras.utils.PyDataset`` read in an order resumable sets, so a resumed run reads the same.
 
-``model.fit(shuffle=True)`` shuffles a PyDataset's batch indices with Python's global ``random``,
-from a worker thread when the dataset has ``workers``: when that thread draws, relative to
-anything else drawing from ``random`` (Keras peeking at a batch to build the model, on JAX),
-decides the order. `Run.fit` shuffles instead: epoch e's order is a permutation drawn from
-``(seed, e)`` alone, the seed drawn once per run and saved with each checkpoint. `Ordered`
-hands Keras the batches in that order (``shuffle=False`` for Keras), from a given batch on in a
-resumed epoch.
+``model.fit(shuffle=True)`` shuffles a PyDataset's batch indices with Python's global ``random``
+as each pass begins (`compat.pydataset_epoch_order`), from a worker thread when the dataset has
+``workers``. `Run.fit` makes that same draw, from the same RNG, as the epoch begins (after the
+checkpoint callback has put back a resumed run's random states, before Keras starts the pass),
+and hands Keras the batches in that order (``shuffle=False`` for Keras): the order is known to
+resumable, so a mid-epoch resume reads the rest of it, and Keras' workers never race the draw.
+`Ordered` does the handing, from a given batch on in a resumed epoch.
 """
 
 from __future__ import annotations
 
-import random
 import sys
 from typing import Any
 
 import keras
-
-
-def new_seed() -> int:
-    """The seed of a new run's orders: from Python's global RNG, as fit's own shuffle would draw."""
-    return random.getrandbits(62)
-
-
-def epoch_order(seed: int, epoch: int, count: int, shuffle: bool) -> list[int]:
-    """The batch indices of ``epoch``: a permutation drawn from ``(seed, epoch)``, or in order."""
-    order = list(range(count))
-    if shuffle:
-        random.Random(f"resumable:{seed}:{epoch}").shuffle(order)
-    return order
 
 
 class Ordered(keras.utils.PyDataset):
@@ -71,4 +57,4 @@ def overrides_on_epoch_end(dataset: Any) -> bool:
     return type(dataset).on_epoch_end is not keras.utils.PyDataset.on_epoch_end
 
 
-__all__ = ["Ordered", "batch_count", "epoch_order", "new_seed", "overrides_on_epoch_end"]
+__all__ = ["Ordered", "batch_count", "overrides_on_epoch_end"]

@@ -131,7 +131,8 @@ class Run:
         # epoch and batch end before the others: a later callback raising there cannot lose that
         # checkpoint (see _interrupted).
         feed = Feed(self.model, args, kwargs, epoch=self.initial_epoch, batch=self.callback.resume_batch,
-                    saved=self.callback.restored_state.inputs)
+                    saved=self.callback.restored_state.inputs,
+                    epoch_rng=self.callback.restored_state.epoch_rng)
         everything = [feed, Witness(self.callback)] + [c for c in own if c is not self.callback] + [
             self.callback]
         self._fitted = True

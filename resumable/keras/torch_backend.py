@@ -59,6 +59,22 @@ def set_rng_state(text: str) -> None:
                        "this resume may differ from an uninterrupted run's", " ".join(str(e).split()))
 
 
+def loader_starts() -> None:
+    """Draw what starting a ``DataLoader`` draws from torch's global RNG (its base seed), as
+    Keras' torch trainer does when it reads a first batch to build the model: a real loader, of
+    nothing, is started, so whatever this torch draws is drawn. Nothing when torch is not
+    imported."""
+    torch = _torch()
+    if torch is None:
+        return
+
+    class Nothing(torch.utils.data.IterableDataset):  # type: ignore[name-defined]
+        def __iter__(self) -> Iterator[Any]:
+            return iter(())
+
+    iter(torch.utils.data.DataLoader(Nothing(), batch_size=None))
+
+
 def rest_of_epoch_batches(adapter: Any, batch: int, epoch_rng: dict[str, Any], total: int) -> Any:
     """The batches of an epoch after ``batch``, in the order Keras' torch trainer draws them from
     ``adapter`` (Keras' ``ArrayDataAdapter``), as a DataLoader ``model.fit`` takes as ``x``.

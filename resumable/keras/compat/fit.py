@@ -3,14 +3,16 @@ running fit (from its frame), its first-batch build and the epoch it starts at.
 
 Reaches ``keras.src.trainers.data_adapters`` (``array_data_adapter.ArrayDataAdapter``,
 ``can_convert_arrays``, ``array_slicing.train_validation_split``), the
-``keras.callbacks.CallbackList`` and ``x`` in ``fit``'s frame, ``Trainer._symbolic_build`` and
-``Trainer._initial_epoch``.
+``keras.callbacks.CallbackList`` and ``x`` in ``fit``'s frame, ``Trainer._symbolic_build`` (and
+when it reads a batch), ``Trainer._initial_epoch``, and follows how Keras' epoch iterator and
+PyDataset adapter read an input (`dataset_iterators_per_pass`, `pydataset_epoch_order`).
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import random
 from types import ModuleType
 from typing import Any, NamedTuple
 
@@ -88,6 +90,37 @@ def build_for_fit(model: keras.Model, batch: Any) -> bool:
         return False
     build(data_batch=batch)
     return True
+
+
+def fit_reads_to_build(model: keras.Model) -> bool:
+    """Whether ``model.fit`` on JAX or torch would read a batch of its input to build ``model``
+    first (``Trainer._symbolic_build``: a layer, the compiled metrics or the compiled loss not yet
+    built; the same test in Keras 3.8 to 3.15). That read starts a pass of the input: it draws a
+    PyDataset's order (`pydataset_epoch_order`) and, on torch, a DataLoader's seed. False when
+    this Keras' model lacks what the test reads."""
+    try:
+        layers = list(model._flatten_layers())
+        metrics = model._compile_metrics
+        loss = model._compile_loss
+    except AttributeError:
+        logger.debug("%s", unsupported("Trainer._symbolic_build's test"))
+        return False
+    return (not all(layer.built for layer in layers) or (metrics is not None and not metrics.built)
+            or (loss is not None and not loss.built))
+
+
+def pydataset_epoch_order(count: int, rng: random.Random | None = None) -> list[int]:
+    """The batch indices of a PyDataset pass under ``fit(shuffle=True)``: Keras' PyDatasetAdapter
+    (``_finite_generator``) and its ``OrderedEnqueuer`` (``_run``, in its worker thread) both take
+    ``list(range(num_batches))`` and ``random.shuffle`` it, with Python's global RNG (``rng``
+    None), once per pass as the pass begins (Keras 3.8 to 3.15). The same draws from a
+    ``random.Random`` in the same state give the same order."""
+    order = list(range(count))
+    if rng is None:
+        random.shuffle(order)
+    else:
+        rng.shuffle(order)
+    return order
 
 
 def running_fit_input(callback: keras.callbacks.Callback) -> Any:
