@@ -18,7 +18,7 @@ import resumable
 
 keras = pytest.importorskip("keras")
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.lanes]
 
 _RUNS_OWN = ("ckpt-", "index.json", "lease.json")
 

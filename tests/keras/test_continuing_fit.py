@@ -17,7 +17,7 @@ import resumable
 
 keras = pytest.importorskip("keras")
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.lanes]
 
 
 def said_lines(text: str) -> list[str]:
