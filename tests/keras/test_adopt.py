@@ -8,6 +8,8 @@ the adopted files byte for byte as they were.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import re
 import warnings
 from pathlib import Path
@@ -18,11 +20,12 @@ import pytest
 from keras_helpers import same_state, small_model
 
 import resumable
+from resumable.cli.app import main
 from resumable.core.errors import CheckpointNotFoundError
 
 keras = pytest.importorskip("keras")
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.lanes]
 
 X = np.random.default_rng(0).random((32, 8), dtype=np.float32)
 Y = np.random.default_rng(1).random((32, 1), dtype=np.float32)
@@ -58,6 +61,13 @@ def resumed(folder: Path, epochs: int, capsys: pytest.CaptureFixture[str], **kwa
     return run, said
 
 
+def cli_lines(command: str, folder: Path, code: int = 0) -> str:
+    """What `resumable COMMAND folder` prints, checking its exit code."""
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        assert main([command, str(folder)]) == code
+    return out.getvalue()
+
+
 def adopted_lines(text: str) -> list[str]:
     return [line for line in text.splitlines() if "resumable: adopted" in line]
 
@@ -70,6 +80,8 @@ def test_keras_modelcheckpoint_files_continue_as_plain_keras(tmp_path: Path, bui
     before = files_of(folder)
     newest = next(n for n in before if n.startswith("w-03-"))
     expected = continued(keras.saving.load_model(folder / newest), 3, 5)
+    listed = cli_lines("list", folder)  # what `resumable list` names is what resume() adopts
+    assert f"{newest} (a Keras ModelCheckpoint file, epoch 3)" in listed, listed
 
     run, said = resumed(folder, 5, capsys, **({"build_model": small_model} if build else {}))
 
@@ -162,6 +174,9 @@ def test_a_keras_backup_continues_at_its_epoch(tmp_path: Path, capsys: pytest.Ca
     expected.optimizer.build(expected.trainable_variables)
     expected.load_weights(backup / "latest.weights.h5")
     continued(expected, 3, 5)
+    listed = cli_lines("list", backup)  # what `resumable list` names is what resume() adopts
+    assert "latest.weights.h5 (a Keras BackupAndRestore backup, epoch 3)" in listed, listed
+    assert "nothing to verify" in cli_lines("verify", backup, code=0)
 
     run, said = resumed(backup, 5, capsys, build_model=small_model)
 
