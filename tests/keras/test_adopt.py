@@ -25,7 +25,7 @@ from resumable.core.errors import CheckpointNotFoundError
 
 keras = pytest.importorskip("keras")
 
-pytestmark = [pytest.mark.slow, pytest.mark.lanes]
+pytestmark = pytest.mark.slow  # `lanes` on the cases that reach what each Keras writes and loads
 
 X = np.random.default_rng(0).random((32, 8), dtype=np.float32)
 Y = np.random.default_rng(1).random((32, 1), dtype=np.float32)
@@ -72,6 +72,7 @@ def adopted_lines(text: str) -> list[str]:
     return [line for line in text.splitlines() if "resumable: adopted" in line]
 
 
+@pytest.mark.lanes
 @pytest.mark.parametrize("build", [True, False], ids=["build_model", "the-file's-model"])
 def test_keras_modelcheckpoint_files_continue_as_plain_keras(tmp_path: Path, build: bool,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
@@ -96,6 +97,7 @@ def test_keras_modelcheckpoint_files_continue_as_plain_keras(tmp_path: Path, bui
     assert again.initial_epoch == 5 and len(again.history["loss"]) == 5
 
 
+@pytest.mark.lanes
 def test_weights_files_need_build_model_and_retention_leaves_them(tmp_path: Path,
                                                                  capsys: pytest.CaptureFixture[str]) -> None:
     folder = tmp_path / "ck"
@@ -118,6 +120,7 @@ def test_weights_files_need_build_model_and_retention_leaves_them(tmp_path: Path
     assert sorted(p.name for p in folder.glob("ckpt-*")) == ["ckpt-000004"]
 
 
+@pytest.mark.lanes
 def test_a_damaged_newest_resumable_file_is_skipped_with_one_line(tmp_path: Path,
                                                                  capsys: pytest.CaptureFixture[str]) -> None:
     folder = tmp_path / "ck"
@@ -163,6 +166,7 @@ class _Stop(keras.callbacks.Callback):
             raise RuntimeError("the runtime went away")
 
 
+@pytest.mark.lanes
 def test_a_keras_backup_continues_at_its_epoch(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     backup = tmp_path / "backup"
     with pytest.raises(RuntimeError):
@@ -196,6 +200,7 @@ def test_a_name_without_an_epoch_is_said_not_guessed(tmp_path: Path) -> None:
     assert not list(folder.glob("ckpt-*"))
 
 
+@pytest.mark.lanes
 def test_a_folder_of_files_none_of_which_loads_is_an_error(tmp_path: Path) -> None:
     folder = tmp_path / "ck"
     folder.mkdir()
@@ -231,6 +236,7 @@ def test_an_exception_before_the_first_checkpoint_goes_back_to_the_adopted_file(
     assert run.initial_epoch == 5 and same_state(run.model, expected)
 
 
+@pytest.mark.lanes
 def test_legacy_h5_files_keras_wrote(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     folder = tmp_path / "ck"
     folder.mkdir()
