@@ -23,6 +23,7 @@ ADOPTABLE = "adoptable"  # the status shown for them: not ok, not partial, not c
 ORBAX_STEP = "Keras OrbaxCheckpoint step"
 KERAS_FILE = "Keras ModelCheckpoint file"
 KERAS_BACKUP = "Keras BackupAndRestore backup"
+ORBAX_COMMITTED = "commit_success.txt"  # written last into a step on a bucket
 # BackupAndRestore's names in Keras 3.0 to 3.15 (compat.keras_backup reads them from Keras itself).
 BACKUP_WEIGHTS, BACKUP_METADATA = "latest.weights.h5", "training_metadata.json"
 
@@ -47,10 +48,19 @@ def status_text(info: CheckpointInfo) -> str:
 
 
 def problem_text(info: CheckpointInfo) -> str:
-    if is_orbax_step(info):
-        return (f"a {ORBAX_STEP}, adopted by resume() (the newest good step, at its epoch); "
+    if not is_orbax_step(info):
+        return info.problem
+    if unfinished_step(info):
+        return (f"a {ORBAX_STEP} Orbax did not finish writing (no {ORBAX_COMMITTED}): resume() skips it; "
                 "never changed or deleted")
-    return info.problem
+    return (f"a {ORBAX_STEP}, adopted by resume() (the newest good step, at its epoch); "
+            "never changed or deleted")
+
+
+def unfinished_step(info: CheckpointInfo) -> bool:
+    """On a bucket Orbax writes a step in place and its commit file last (locally it renames a
+    finished temporary folder, so a numbered one is finished whatever its Orbax version wrote)."""
+    return info.url.startswith("gs://") and bool(info.listed) and ORBAX_COMMITTED not in info.listed
 
 
 def kind_of(info: CheckpointInfo) -> str:

@@ -75,6 +75,16 @@ def test_a_folder_of_orbax_steps(capsys: pytest.CaptureFixture[str], url: str) -
     assert code == 0 and "never deleted: 2 Keras OrbaxCheckpoint steps" in out and "nothing to delete" in out
     assert still_there(url, written)
 
+    if url.startswith("gs://"):  # written in place there: a step without its commit file is unfinished
+        fs, root = fsspec.core.url_to_fs(url)
+        fs.rm_file(f"{root}/2/commit_success.txt")
+        del written["2/commit_success.txt"]
+        code, out, _ = cli(capsys, "list", url)
+        assert "2: adoptable: a Keras OrbaxCheckpoint step Orbax did not finish writing (no " \
+            "commit_success.txt): resume() skips it" in out, out
+        assert "1: adoptable: a Keras OrbaxCheckpoint step, adopted by resume()" in out
+        assert cli(capsys, "prune", url, "--yes")[0] == 0 and still_there(url, written)
+
 
 def test_orbax_steps_beside_a_runs_checkpoints(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     """A folder resume() adopted a step of and then checkpointed in: prune deletes only checkpoints."""
