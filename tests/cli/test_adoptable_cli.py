@@ -15,6 +15,8 @@ import fsspec
 import pytest
 from test_cli import build_run, cli, remove_manifest, row
 
+pytestmark = pytest.mark.lanes  # Keras-free and quick: the listing on each Colab's fsspec and gcsfs
+
 # The files of an OrbaxCheckpoint step folder (Keras 3.15, orbax-checkpoint 0.12), as they are listed.
 ORBAX_FILES = {"_CHECKPOINT_METADATA": b'{"item_handlers": {"pytree": "PyTreeCheckpointHandler"}}',
                "commit_success.txt": b"Checkpoint commit was successful to step",
