@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from resumable.cli import adoptable
 from resumable.cli.common import EXIT_OK, load_run, select_checkpoint
 from resumable.cli.output import fmt_float, info_json, out, out_json, out_lines, out_section, plural
 from resumable.core.display import format_table, human_size, utc_time
@@ -49,11 +50,13 @@ def run_inspect(url: str, *, epoch: int | None = None, name: str | None = None, 
 
 
 def _status_text(info: CheckpointInfo) -> str:
-    return f"{info.status}: {info.problem}" if info.problem else str(info.status)
+    problem = adoptable.problem_text(info)
+    return f"{adoptable.status_text(info)}: {problem}" if problem else str(info.status)
 
 
 def _file_table(info: CheckpointInfo) -> list[str]:
     expected = info.manifest.files if info.manifest else {}
+    unlisted = "Orbax's (no manifest)" if adoptable.is_orbax_step(info) else "not in the manifest"
     rows = []
     for rel, entry in expected.items():
         listed = info.listed.get(rel)
@@ -68,7 +71,7 @@ def _file_table(info: CheckpointInfo) -> list[str]:
         rows.append([rel, human_size(entry.size), entry.crc32c, check])
     for rel, listed in sorted(info.listed.items()):
         if rel not in expected and rel != MANIFEST_NAME:
-            rows.append([rel, human_size(listed.size), "-", "not in the manifest"])
+            rows.append([rel, human_size(listed.size), "-", unlisted])
     return format_table(["PATH", "SIZE", "CRC32C", "LISTING"], rows, right={1})
 
 

@@ -13,6 +13,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+from resumable.cli import adoptable
 from resumable.cli.common import EXIT_OK, EXIT_VERIFY_FAILED, UsageError
 from resumable.cli.output import (
     fmt_float,
@@ -39,12 +40,13 @@ def list_files(folder: FileFolder, *, monitor: str | None = None, mode: str | No
                as_json: bool = False) -> int:
     """`resumable list` of a folder of model files."""
     files = folder.files
+    adopted = adoptable.file_epochs(folder)  # Keras' files (no record): the epoch resume() reads
     asked = monitor
     monitor, mode, source = _ranking(files, monitor, mode)
     latest = _latest(files)
     best = _best(files, monitor, mode)
     if as_json:
-        out_json({"url": folder.url, "kind": KIND, "files": [_file_json(f) for f in files],
+        out_json({"url": folder.url, "kind": KIND, "files": [_file_json(f, adopted) for f in files],
                   "latest": latest.name if latest else None,
                   "best": None if best is None or monitor is None else {
                       "name": best.name, "monitor": monitor, "mode": mode,
@@ -60,7 +62,7 @@ def list_files(folder: FileFolder, *, monitor: str | None = None, mode: str | No
     if latest is best:
         notes = {id(latest): "latest, best"}
     columns = [["NAME", *[f.name for f in files]],
-               ["EPOCH", *["-" if f.epoch is None else str(f.epoch) for f in files]],
+               ["EPOCH", *["-" if (e := _epoch(f, adopted)) is None else str(e) for f in files]],
                ["BATCH", *[str(f.batch) if f.batch else "-" for f in files]],
                ["STEP", *["-" if f.step is None else str(f.step) for f in files]]]
     columns += [[name, *["-" if name not in f.metrics else fmt_float(f.metrics[name]) for f in files]]
@@ -71,12 +73,15 @@ def list_files(folder: FileFolder, *, monitor: str | None = None, mode: str | No
                 ["NOTE", *[notes.get(id(f), "") for f in files]]]
     out_lines(format_columns(columns, right={1, 2, 3, *range(4, 5 + len(metrics))}))
     out("")
-    out_lines(f"{f.name}: {f.status}: {f.problem}" for f in files if not f.ok)
+    out_lines(f"{f.name}: {f.status}: {_problem(f, adopted)}" for f in files if not f.ok)
     out_lines(_leftover_lines(folder))
     counts = Counter(f.status for f in files)
     detail = ", ".join(f"{counts[s]} {s}" for s in (OK, UNRECORDED, "corrupt") if counts[s])
     out(f"{plural(len(files), 'model file')} ({detail}), {human_size(sum(f.size for f in files))}")
     out(f"latest: {_describe(latest)}" if latest else "latest: none with a good checksum record")
+    newest = adoptable.newest_adoptable(folder, adopted)
+    if newest is not None:
+        out(f"resume() on this folder adopts the newest that loads of the files Keras wrote: {newest}")
     if monitor is None:
         out("best: no metric recorded; pass --monitor METRIC")
     elif best is None:
@@ -98,11 +103,13 @@ def inspect_file(folder: FileFolder, *, epoch: int | None = None, name: str | No
     file = _select(folder, epoch, name)
     if as_json:
         body = file.record.to_json().decode() if file.record is not None else None
-        out_json({**_file_json(file), "record": json.loads(body) if body else None})
+        adopted = adoptable.file_epochs(folder)
+        out_json({**_file_json(file, adopted), "record": json.loads(body) if body else None})
         return EXIT_OK
     details = file.details
+    problem = _problem(file, adoptable.file_epochs(folder)) if file.status == UNRECORDED else file.problem
     fields = [("file", file.name), ("url", file.url),
-              ("status", f"{file.status}: {file.problem}" if file.problem else file.status)]
+              ("status", f"{file.status}: {problem}" if problem else file.status)]
     if file.record is not None:
         batch = details.get("batch")
         fields += [
@@ -141,9 +148,10 @@ def verify_files(folder: FileFolder, *, epoch: int | None = None, name: str | No
     else:
         targets = list(folder.files)
     results: dict[str, tuple[str, list[str]]] = {}
+    adopted = adoptable.file_epochs(folder)
     for file in progress(targets, len(targets), "verifying", unit="file"):
         if file.status == UNRECORDED:
-            results[file.name] = (UNRECORDED, [f"not verified: {file.problem}"])
+            results[file.name] = (UNRECORDED, [f"not verified: {_problem(file, adopted)}"])
         elif file.record is None:  # the record itself is damaged
             results[file.name] = ("corrupt", [file.problem])
         else:
@@ -151,7 +159,9 @@ def verify_files(folder: FileFolder, *, epoch: int | None = None, name: str | No
             results[file.name] = ("corrupt" if problems else OK, problems)
     failed = [n for n, (status, _) in results.items() if status == "corrupt"]
     good = [n for n, (status, _) in results.items() if status == OK]
-    bad = bool(failed) or not good
+    # Files Keras wrote have nothing to check against: not a failure when resume() adopts one
+    keras_newest = adoptable.newest_adoptable(folder, adopted)
+    bad = bool(failed) or (not good and keras_newest is None)
     if as_json:
         out_json({"url": folder.url, "kind": KIND, "ok": not bad,
                   "files": [{"name": n, "status": s, "problems": p} for n, (s, p) in results.items()]})
@@ -164,9 +174,13 @@ def verify_files(folder: FileFolder, *, epoch: int | None = None, name: str | No
     if failed:
         out(f"verification failed: {len(failed)} of {plural(len(results), 'file')} corrupt")
         return EXIT_VERIFY_FAILED
-    if not good:
+    if not good and keras_newest is None:
         out(f"verification failed: no file in {folder.url} has a checksum record to check it against")
         return EXIT_VERIFY_FAILED
+    if not good:
+        out(f"nothing to verify: no file in {folder.url} has a checksum record (Keras wrote them); "
+            f"resume() adopts the newest that loads: {keras_newest}")
+        return EXIT_OK
     out(f"verified {plural(len(good), 'file')}: all match their checksum records")
     return EXIT_OK
 
@@ -249,9 +263,19 @@ def _leftover_lines(folder: FileFolder) -> list[str]:
     return [f"note: {what} ({shown}): never loaded; the next save of that file removes it"]
 
 
-def _file_json(file: ModelFile) -> dict[str, Any]:
-    return {"name": file.name, "url": file.url, "status": file.status, "problem": file.problem,
-            "epoch": file.epoch, "batch": file.batch or None, "step": file.step,
+def _epoch(file: ModelFile, adopted: dict[str, int | None]) -> int | None:
+    """The record's epoch; for a file Keras wrote, the one resume() reads (name or backup metadata)."""
+    return adopted.get(file.name) if file.status == UNRECORDED else file.epoch
+
+
+def _problem(file: ModelFile, adopted: dict[str, int | None]) -> str:
+    return adoptable.file_problem(file, adopted.get(file.name)) if file.status == UNRECORDED else file.problem
+
+
+def _file_json(file: ModelFile, adopted: dict[str, int | None]) -> dict[str, Any]:
+    return {"name": file.name, "url": file.url, "status": file.status, "kind": adoptable.file_kind(file),
+            "problem": _problem(file, adopted), "epoch": _epoch(file, adopted), "batch": file.batch or None,
+            "step": file.step,
             "metrics": {k: json_float(v) for k, v in file.metrics.items()}, "size": file.size,
             "created": file.created_iso,
             "crc32c": file.record.crc32c if file.record is not None else None}

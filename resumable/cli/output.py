@@ -8,6 +8,7 @@ import sys
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
+from resumable.cli import adoptable
 from resumable.core.display import printable
 from resumable.storage import CheckpointInfo
 
@@ -66,7 +67,7 @@ def metric_text(info: CheckpointInfo, name: str) -> str:
 
 
 def problem_lines(infos: Sequence[CheckpointInfo]) -> list[str]:
-    return [f"{i.name}: {i.status}: {i.problem}" for i in infos if not i.ok]
+    return [f"{i.name}: {adoptable.status_text(i)}: {adoptable.problem_text(i)}" for i in infos if not i.ok]
 
 
 # ------------------------------------------------------------------ JSON
@@ -77,8 +78,9 @@ def info_json(info: CheckpointInfo) -> dict[str, Any]:
     return {
         "name": info.name,
         "url": info.url,
-        "status": str(info.status),
-        "problem": info.problem,
+        "status": adoptable.status_text(info),
+        "kind": adoptable.kind_of(info),
+        "problem": adoptable.problem_text(info),
         "epoch": info.epoch,
         "step": info.step,
         "batch": manifest.batch if manifest else None,

@@ -6,6 +6,7 @@ import contextlib
 import sys
 from collections.abc import Iterator, Sequence
 
+from resumable.cli import adoptable
 from resumable.cli.common import EXIT_OK, Ranking, UsageError, choose_ranking, load_run, metric_names
 from resumable.cli.output import metric_text, out, out_json, out_lines, plural, progress
 from resumable.core.display import format_table, human_size, printable
@@ -45,6 +46,8 @@ def run_prune(
         mode=ranking.mode,
         keep_every=keep_every,
     )
+    steps = adoptable.orbax_steps(infos, storage)  # Keras wrote them: never planned, never deleted
+    infos = [i for i in infos if not adoptable.is_orbax_step(i, storage)]
     pruning = manager.plan_pruning(retention, checkpoints=infos)
     decisions, doomed, freed = pruning.decisions, pruning.doomed, pruning.freed
     if doomed and not dry_run:  # refuse before showing a plan that will not be carried out
@@ -54,8 +57,10 @@ def run_prune(
         holder = None if force else manager.blocking_writer()
         if holder is not None:
             raise _writer_busy(manager, holder.describe())
-    if not as_json:
+    if not as_json and infos:
         _print_plan(infos, decisions, ranking)
+    if not as_json and steps:
+        out(f"never deleted: {adoptable.steps_line(steps)}")
     if doomed and not dry_run:
         if not _confirmed(yes, f"delete {_count(doomed)} ({human_size(freed)}) from {storage.url}?"):
             out("aborted: nothing deleted")
@@ -69,6 +74,7 @@ def run_prune(
             "monitor": ranking.monitor,
             "deleted": [] if dry_run else [i.name for i in doomed],
             "kept": [d.name for d in decisions if d.keep],
+            "adoptable": [{"name": i.name, "kind": adoptable.ORBAX_STEP, "size": i.size} for i in steps],
             "freed_bytes": 0 if dry_run else freed,
             "decisions": [
                 {"name": d.name, "keep": d.keep, "reasons": d.reasons, "status": str(i.status),

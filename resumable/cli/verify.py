@@ -5,6 +5,7 @@ from __future__ import annotations
 import concurrent.futures
 from collections.abc import Sequence
 
+from resumable.cli import adoptable
 from resumable.cli.common import EXIT_OK, EXIT_VERIFY_FAILED, latest_good, load_run, select_checkpoint
 from resumable.cli.output import out, out_json, out_lines, plural, problem_lines, progress
 from resumable.core.display import human_size
@@ -49,7 +50,7 @@ def run_verify(
         detail = f"{files}, {human_size(info.size)}" if files else ""
         out(f"{status.upper() if status == 'corrupt' else status:8} {info.name}  {detail}".rstrip())
         out_lines(f"  {problem}" for problem in problems)
-    checked = len(results) - sum(1 for s, _ in results.values() if s == "partial")
+    checked = len(results) - sum(1 for s, _ in results.values() if s in ("partial", adoptable.ADOPTABLE))
     if narrowed:
         out_lines(_unchecked_leftovers(storage.url, infos, targets))
     if failed:
@@ -79,7 +80,8 @@ def _unchecked_leftovers(url: str, infos: Sequence[CheckpointInfo],
                          targets: Sequence[CheckpointInfo]) -> list[str]:
     """A note on partial folders the narrowed check left out: interrupted saves, never restored."""
     shown = {info.name for info in targets}
-    partial = [i.name for i in infos if i.status is Status.PARTIAL and i.name not in shown]
+    partial = [i.name for i in infos if i.status is Status.PARTIAL and i.name not in shown
+               and not adoptable.is_orbax_step(i)]
     if not partial:
         return []
     return [f"note: {plural(len(partial), 'partial folder')} ({', '.join(partial[:5])}"
@@ -92,7 +94,7 @@ def _verify_all(storage: RunStorage, targets: Sequence[CheckpointInfo]) -> dict[
 
     def check(info: CheckpointInfo) -> tuple[str, list[str]]:
         if info.status is Status.PARTIAL:
-            return "partial", [f"not verified: {info.problem}"]
+            return adoptable.status_text(info), [f"not verified: {adoptable.problem_text(info)}"]
         problems = storage.verify(info)
         return ("corrupt" if problems else "ok"), problems
 
@@ -106,17 +108,29 @@ def _verify_all(storage: RunStorage, targets: Sequence[CheckpointInfo]) -> dict[
 
 
 def _no_good_checkpoint(storage: RunStorage, infos: Sequence[CheckpointInfo], as_json: bool) -> int:
+    """A folder without a good checkpoint of resumable's: failed, unless it holds only Keras
+    OrbaxCheckpoint steps (nothing damaged), which resume() adopts: nothing to verify then."""
     if not infos:
         raise CheckpointNotFoundError(f"{storage.url}: no checkpoints to verify")
+    steps = adoptable.orbax_steps(infos, storage)
+    adopted = bool(steps) and all(i.status is Status.PARTIAL for i in infos)  # no corrupt one of ours
     if as_json:
         out_json({
             "url": storage.url,
-            "ok": False,
+            "ok": adopted,
             "checkpoints": [
-                {"name": i.name, "status": str(i.status), "problems": [i.problem]} for i in infos
+                {"name": i.name, "status": adoptable.status_text(i), "problems": [adoptable.problem_text(i)]}
+                for i in infos
             ],
         })
     else:
         out_lines(problem_lines(infos))
-        out(f"verification failed: no good checkpoint in {storage.url}; resume() would start from scratch")
-    return EXIT_VERIFY_FAILED
+        if adopted:
+            out(f"nothing to verify: {storage.url} holds no checkpoint of resumable's, only "
+                f"{adoptable.steps_line(steps)}")
+        elif steps:
+            out(f"verification failed: no good checkpoint of resumable's in {storage.url}; "
+                f"{adoptable.steps_line(steps)}")
+        else:
+            out(f"verification failed: no good checkpoint in {storage.url}; resume() would start afresh")
+    return EXIT_OK if adopted else EXIT_VERIFY_FAILED

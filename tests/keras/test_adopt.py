@@ -8,6 +8,8 @@ the adopted files byte for byte as they were.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import re
 import warnings
 from pathlib import Path
@@ -18,11 +20,12 @@ import pytest
 from keras_helpers import same_state, small_model
 
 import resumable
+from resumable.cli.app import main
 from resumable.core.errors import CheckpointNotFoundError
 
 keras = pytest.importorskip("keras")
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.slow  # `lanes` on the cases that reach what each Keras writes and loads
 
 X = np.random.default_rng(0).random((32, 8), dtype=np.float32)
 Y = np.random.default_rng(1).random((32, 1), dtype=np.float32)
@@ -58,10 +61,18 @@ def resumed(folder: Path, epochs: int, capsys: pytest.CaptureFixture[str], **kwa
     return run, said
 
 
+def cli_lines(command: str, folder: Path, code: int = 0) -> str:
+    """What `resumable COMMAND folder` prints, checking its exit code."""
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        assert main([command, str(folder)]) == code
+    return out.getvalue()
+
+
 def adopted_lines(text: str) -> list[str]:
     return [line for line in text.splitlines() if "resumable: adopted" in line]
 
 
+@pytest.mark.lanes
 @pytest.mark.parametrize("build", [True, False], ids=["build_model", "the-file's-model"])
 def test_keras_modelcheckpoint_files_continue_as_plain_keras(tmp_path: Path, build: bool,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
@@ -70,6 +81,8 @@ def test_keras_modelcheckpoint_files_continue_as_plain_keras(tmp_path: Path, bui
     before = files_of(folder)
     newest = next(n for n in before if n.startswith("w-03-"))
     expected = continued(keras.saving.load_model(folder / newest), 3, 5)
+    listed = cli_lines("list", folder)  # what `resumable list` names is what resume() adopts
+    assert f"{newest} (a Keras ModelCheckpoint file, epoch 3)" in listed, listed
 
     run, said = resumed(folder, 5, capsys, **({"build_model": small_model} if build else {}))
 
@@ -84,6 +97,7 @@ def test_keras_modelcheckpoint_files_continue_as_plain_keras(tmp_path: Path, bui
     assert again.initial_epoch == 5 and len(again.history["loss"]) == 5
 
 
+@pytest.mark.lanes
 def test_weights_files_need_build_model_and_retention_leaves_them(tmp_path: Path,
                                                                  capsys: pytest.CaptureFixture[str]) -> None:
     folder = tmp_path / "ck"
@@ -106,6 +120,7 @@ def test_weights_files_need_build_model_and_retention_leaves_them(tmp_path: Path
     assert sorted(p.name for p in folder.glob("ckpt-*")) == ["ckpt-000004"]
 
 
+@pytest.mark.lanes
 def test_a_damaged_newest_resumable_file_is_skipped_with_one_line(tmp_path: Path,
                                                                  capsys: pytest.CaptureFixture[str]) -> None:
     folder = tmp_path / "ck"
@@ -151,6 +166,7 @@ class _Stop(keras.callbacks.Callback):
             raise RuntimeError("the runtime went away")
 
 
+@pytest.mark.lanes
 def test_a_keras_backup_continues_at_its_epoch(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     backup = tmp_path / "backup"
     with pytest.raises(RuntimeError):
@@ -162,6 +178,9 @@ def test_a_keras_backup_continues_at_its_epoch(tmp_path: Path, capsys: pytest.Ca
     expected.optimizer.build(expected.trainable_variables)
     expected.load_weights(backup / "latest.weights.h5")
     continued(expected, 3, 5)
+    listed = cli_lines("list", backup)  # what `resumable list` names is what resume() adopts
+    assert "latest.weights.h5 (a Keras BackupAndRestore backup, epoch 3)" in listed, listed
+    assert "nothing to verify" in cli_lines("verify", backup, code=0)
 
     run, said = resumed(backup, 5, capsys, build_model=small_model)
 
@@ -181,6 +200,7 @@ def test_a_name_without_an_epoch_is_said_not_guessed(tmp_path: Path) -> None:
     assert not list(folder.glob("ckpt-*"))
 
 
+@pytest.mark.lanes
 def test_a_folder_of_files_none_of_which_loads_is_an_error(tmp_path: Path) -> None:
     folder = tmp_path / "ck"
     folder.mkdir()
@@ -216,6 +236,7 @@ def test_an_exception_before_the_first_checkpoint_goes_back_to_the_adopted_file(
     assert run.initial_epoch == 5 and same_state(run.model, expected)
 
 
+@pytest.mark.lanes
 def test_legacy_h5_files_keras_wrote(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     folder = tmp_path / "ck"
     folder.mkdir()

@@ -18,7 +18,7 @@ import resumable
 
 keras = pytest.importorskip("keras")
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.slow  # Keras' side runs on the lanes in test_adopt.py
 
 _RUNS_OWN = ("ckpt-", "index.json", "lease.json")
 

@@ -144,6 +144,8 @@ def test_resumable_list_says_resume_adopts_the_steps(tmp_path: Path,
     capsys.readouterr()
     run_list(str(folder))
     said = capsys.readouterr().out
-    assert "latest good: none; 1, 2 look like keras.callbacks.OrbaxCheckpoint steps, which resume() " \
-        "adopts" in said
-    assert "would start afresh" not in said
+    assert "1: adoptable: a Keras OrbaxCheckpoint step, adopted by resume()" in said, said
+    assert "2: adoptable: a Keras OrbaxCheckpoint step, adopted by resume()" in said
+    assert "0 checkpoints and 2 Keras OrbaxCheckpoint steps" in said
+    assert "latest good: none of resumable's; resume() adopts the newest good Keras OrbaxCheckpoint" in said
+    assert "would start afresh" not in said and "partial" not in said

@@ -17,13 +17,14 @@ import resumable
 
 keras = pytest.importorskip("keras")
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.slow  # `lanes` on the case that reads each Keras' callbacks
 
 
 def said_lines(text: str) -> list[str]:
     return [line for line in text.splitlines() if line.startswith("resumable: fit continues")]
 
 
+@pytest.mark.lanes
 def test_a_continuing_fit_names_what_restarts_and_takes_its_best_back(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     template = str(tmp_path / "ck" / "w-{epoch:02d}.keras")

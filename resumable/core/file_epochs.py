@@ -1,4 +1,5 @@
-"""The epoch in a model file's name, as Keras' ModelCheckpoint wrote it from its template.
+"""The epoch in a model file's name, as Keras' ModelCheckpoint wrote it from its template (pure: the
+CLI names the files it lists with it, `resume()` adopts them by it).
 
 With the template (``weights-{epoch:02d}-{val_acc:.3f}.keras``) the ``{epoch}`` field is read
 where the template puts it, and only the files the template names count. Without one (a folder
@@ -14,8 +15,8 @@ import re
 import string
 from collections.abc import Iterable
 
-from resumable.keras.model_files import MODEL_FILE_SUFFIXES
-
+# The suffixes of the model files Keras writes (``.weights.h5`` tried before ``.h5``).
+MODEL_FILE_SUFFIXES = (".keras", ".weights.h5", ".h5", ".hdf5")
 _DECIMAL = re.compile(r"\d+\.\d+(?:[eE][-+]?\d+)?|\d+[eE][-+]?\d+")
 _INTEGER = re.compile(r"\d+")
 _EPOCH_WORD = re.compile(r"epoch[-_=.]?(\d+)", re.IGNORECASE)
