@@ -98,8 +98,8 @@ class Chaos:
 
 
 def shape(method: str, path: str) -> str:
-    """A request with what changes from run to run (upload ids, generations) left out: the same
-    step of a save has the same shape in every run."""
+    """A request with what changes from run to run left out (upload ids, generations, which
+    checkpoint): the same step of a save has the same shape in every save."""
     parsed = urllib.parse.urlsplit(path)
     query = urllib.parse.parse_qs(parsed.query)
     words = [method, urllib.parse.unquote(parsed.path)]
@@ -113,40 +113,72 @@ def shape(method: str, path: str) -> str:
         words.append("media")
     if "prefix" in query:
         words.append("prefix=" + query["prefix"][0])
-    return " ".join(words)
+    return re.sub(r"ckpt-\d{6}", "ckpt-N", " ".join(words))
+
+
+def starts_a_save(method: str, path: str) -> bool:
+    """The first upload of a checkpoint's file begins (its session's start)."""
+    return method == "POST" and "/upload/" in path and "ckpt-" in path and "upload_id=" not in path
 
 
 @dataclass
 class AtStep:
-    """One fault at one step of a save: the ``nth`` request of shape ``step`` once the save of
-    ``arm`` began (its first request naming it). The proxy's `choose`."""
+    """One fault at one step of a save, and a SIGKILL after it: the proxy's `choose` and `after`.
 
-    arm: str
-    step: str
-    nth: int
-    kind: str
+    The step is the ``nth`` request of shape ``step`` (`shape`) once the attempt's first save
+    began (`starts_a_save`). ``kill``: "right-after" SIGKILLs the attempt right after that
+    request was handled; "next-save" once the next save begins (the fault handled, the save
+    committed or given up); "none" never. Without ``step``, records the shapes (``log``)."""
+
+    step: str = ""
+    nth: int = 1
+    kind: str = ""
+    kill: str = "none"
+    attempt: Attempt | None = None
     armed: bool = False
     seen: int = 0
-    hit: bool = False
+    faulted: tuple[str, str] | None = None
     log: list[str] = field(default_factory=list)  # the shapes of the requests since armed
 
-    def reset(self) -> None:
-        self.armed, self.seen, self.hit, self.log = False, 0, False, []
-
     def __call__(self, method: str, path: str, content_range: str) -> Rule | None:
-        if not self.armed and self.arm in urllib.parse.unquote(path) and method != "GET":
+        if not self.armed and starts_a_save(method, path):
             self.armed = True
         if not self.armed:
             return None
         here = shape(method, path)
         self.log.append(here)
-        if here != self.step:
+        if here != self.step or self.faulted is not None:
             return None
         self.seen += 1
         if self.seen != self.nth:
             return None
-        self.hit = True
+        self.faulted = (method, path)
         return rule(self.kind)
+
+    def after(self, method: str, path: str, outcome: str) -> None:
+        if self.attempt is None or self.faulted is None:
+            return
+        right_after = (method, path) == self.faulted and outcome != "forwarded"
+        next_save = starts_a_save(method, path) and _ckpt(path) != _ckpt(self.faulted[1])
+        if (self.kill == "right-after" and right_after) or (self.kill == "next-save" and next_save):
+            self.attempt.kill()
+
+
+def _ckpt(path: str) -> str:
+    found = re.search(r"ckpt-\d{6}", urllib.parse.unquote(path))
+    return found.group(0) if found else ""
+
+
+def steps_of_a_save(log: list[str]) -> list[tuple[str, int]]:
+    """The steps to fail, from the shapes a save's requests had (``AtStep.log``): every write and
+    delete, and the first lease read (the fence before the manifest), each with its ``nth``."""
+    steps: list[tuple[str, int]] = []
+    counts: dict[str, int] = {}
+    for here in log:
+        counts[here] = counts.get(here, 0) + 1
+        if not here.startswith("GET") or (here.endswith("lease.json media") and counts[here] == 1):
+            steps.append((here, counts[here]))
+    return steps
 
 
 @dataclass
@@ -218,19 +250,21 @@ class Soak:
         self.script = script or JOBS / "train_job.py"
         self.attempts: list[Attempt] = []
 
-    def start(self, env: dict[str, str] | None = None) -> Attempt:
+    def start(self, env: dict[str, str] | None = None, argv: list[str] | None = None) -> Attempt:
+        """Start the next attempt (``argv``, ``env``: more arguments and variables for this one)."""
         self.settle()  # a killed job's last request may still be on its way
         expected = self.newest()
         log = self.logs / f"attempt-{len(self.attempts)}.stderr"
-        job = start_job(self.script, [self.url, *self.argv], env={**self.env, **(env or {})}, stderr=log)
+        job = start_job(self.script, [self.url, *self.argv, *(argv or [])], env={**self.env, **(env or {})},
+                        stderr=log)
         attempt = Attempt(job, expected)
         self.attempts.append(attempt)
         return attempt
 
     def run(self, kill_after: float | None = None, timeout: float = 300,
-            env: dict[str, str] | None = None) -> Attempt:
+            env: dict[str, str] | None = None, argv: list[str] | None = None) -> Attempt:
         """One attempt: SIGKILLed ``kill_after`` s after it started (None: not by time)."""
-        attempt = self.start(env)
+        attempt = self.start(env, argv)
         timer = kill_later(attempt, kill_after) if kill_after is not None else None
         try:
             attempt.finish(timeout)
@@ -258,6 +292,19 @@ def newest_ok(url: str) -> str | None:
         gcsfs.GCSFileSystem.clear_instance_cache()
     ok = [c.name for c in RunStorage(url).list() if c.ok]
     return ok[-1] if ok else None
+
+
+def unbroken(folder: Path, argv: list[str]) -> Path:
+    """The job's final weights (a .npz) from one run on a local folder, never killed, no fault."""
+    from forked import run_job
+    from paths import JOBS
+
+    folder.mkdir(parents=True, exist_ok=True)
+    out = folder / "final.npz"
+    if not out.exists():
+        done = run_job(JOBS / "train_job.py", [str(folder / "run"), *argv, "--out", str(out)])
+        assert done.returncode == 0, done.stdout + done.stderr
+    return out
 
 
 def weights(path: Path) -> list[Any]:
