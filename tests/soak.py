@@ -32,7 +32,7 @@ from forked import ForkedJob, start_job
 RESUME_LINE = re.compile(r"^resumable: (?:resumed \S+ from (ckpt-\d+)|starting a new run in )")
 
 # What train_job.py prints on stdout: its markers, resumable's log records, resumable's prints
-JOB_LINES = ("READY ", "RESUMED ", "LOG ", "DONE ", "resumable: ")
+JOB_LINES = ("READY ", "RESUMED ", "LOG ", "DONE ", "resumable: ", "FAULT ")
 
 # The fault classes of issue #51, each as a proxy rule (`rule`)
 CLASSES = ("500", "503", "429", "500-applied", "503-applied", "reset", "lost-answer", "truncate",
@@ -198,6 +198,7 @@ class Attempt:
             self.lines.append(line)
         self.status = self.job.wait(timeout=30)
         self.seconds = time.monotonic() - self.started
+        self.killed = self.killed or self.status == -signal.SIGKILL  # by itself, too (faulty_folder_job)
 
     def kill(self) -> None:
         """SIGKILL, unless it ended already (its pid may be another process' by now)."""
@@ -221,6 +222,9 @@ def check_output(attempt: Attempt, where: str) -> list[str]:
     assert "Traceback" not in stderr and "Traceback" not in "\n".join(attempt.lines), \
         f"{where}: a traceback\n{attempt.output()}"
     lines = [line for line in stderr.splitlines() if line.strip()]
+    # Python's warnings show the warning's source line under it, indented: the same problem
+    lines = [line for i, line in enumerate(lines)
+             if not (line[:1].isspace() and i > 0 and re.search(r":\d+: \w*Warning: ", lines[i - 1]))]
     continued = [line for line in lines if line[:1].isspace()]
     assert continued == [], f"{where}: a problem on more than one line: {continued}\n{attempt.output()}"
     resumes = [line for line in lines if RESUME_LINE.match(line)]

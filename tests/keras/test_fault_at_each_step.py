@@ -41,7 +41,7 @@ from resumable import RunStorage
 pytestmark = pytest.mark.slow
 
 BASE_SECONDS = 60.0  # a fault-free attempt here: 3-6 s; a loaded 2-CPU box, several times that
-ARGV = ["--keep-last", "1", "--when-behind", "wait"]
+ARGV = ["--keep-last", "1", "--when-behind", "wait", "--warnings-on-stderr"]
 KILLS = ("right-after", "next-save")
 CHAINS = ["diagonal", *(CLASSES if os.environ.get("RESUMABLE_SOAK_FULL") else [])]
 

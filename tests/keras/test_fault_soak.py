@@ -44,7 +44,7 @@ pytestmark = pytest.mark.slow
 EPOCHS = 6
 RATE = 0.04  # of requests failing: about 10 faults a seed over ~250 requests
 BASE_SECONDS = 60.0  # a fault-free attempt here takes 4-8 s; a loaded 2-CPU box, several times that
-ARGV = ["--epochs", str(EPOCHS), "--keep-last", "2", "--when-behind", "wait"]
+ARGV = ["--epochs", str(EPOCHS), "--keep-last", "2", "--when-behind", "wait", "--warnings-on-stderr"]
 
 
 def seeds() -> list[int]:
