@@ -21,7 +21,14 @@ unless a rule says otherwise:
 A rule matches a method and a part of the URL (``match``), from its ``nth`` matching request,
 ``times`` of them (None: every one from then on); with ``final_chunk``, only requests that
 finish a resumable upload session (a ``Content-Range`` naming the total size: the last chunk,
-or a single-request body). ``seen`` logs ``(method, path, outcome)``.
+or a single-request body). ``seen`` logs ``(method, path, outcome)`` (an outcome of a status
+rule with ``applied`` reads ``500-applied``).
+
+Two hooks for tests that decide per request (tests/soak.py): ``choose(method, path,
+content_range)`` returns a Rule for a request no rule matched (seeded random faults, a fault at
+the Nth step of a save); ``after(method, path, outcome)`` runs once a request was handled and
+before its answer goes back (to SIGKILL the client right after a step). ``wait_idle`` waits
+until no request is in flight: a killed client's last request may still be on its way.
 
 Example:
 
