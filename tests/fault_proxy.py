@@ -21,7 +21,14 @@ unless a rule says otherwise:
 A rule matches a method and a part of the URL (``match``), from its ``nth`` matching request,
 ``times`` of them (None: every one from then on); with ``final_chunk``, only requests that
 finish a resumable upload session (a ``Content-Range`` naming the total size: the last chunk,
-or a single-request body). ``seen`` logs ``(method, path, outcome)``.
+or a single-request body). ``seen`` logs ``(method, path, outcome)`` (an outcome of a status
+rule with ``applied`` reads ``500-applied``).
+
+Two hooks for tests that decide per request (tests/soak.py): ``choose(method, path,
+content_range)`` returns a Rule for a request no rule matched (seeded random faults, a fault at
+the Nth step of a save); ``after(method, path, outcome)`` runs once a request was handled and
+before its answer goes back (to SIGKILL the client right after a step). ``wait_idle`` waits
+until no request is in flight: a killed client's last request may still be on its way.
 
 Example:
 
@@ -42,6 +49,7 @@ import sys
 import threading
 import time
 import urllib.parse
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -108,6 +116,14 @@ class FaultProxy:
         self.rules: list[Rule] = []
         self.tokens = Tokens()
         self.seen: list[tuple[str, str, str]] = []
+        # Called (under the proxy's lock) for a request no rule matched: a Rule to apply, or None
+        # (seeded random faults, faults at the Nth step of a save: tests/soak.py).
+        self.choose: Callable[[str, str, str], Rule | None] | None = None
+        # Called once a request was handled (forwarded, or failed as its rule says), before its
+        # answer goes back: where a test SIGKILLs the client right after a step.
+        self.after: Callable[[str, str, str], None] | None = None
+        self._in_flight = 0
+        self._idle = threading.Condition()
         self._lock = threading.Lock()
         self._server = _Server(("127.0.0.1", 0), _handler(self))
         self._server.daemon_threads = True
@@ -130,6 +146,12 @@ class FaultProxy:
         with self._lock:
             self.rules.clear()
 
+    def wait_idle(self, timeout: float = 30.0) -> bool:
+        """Wait until no request is being handled (a killed client's last request may still be
+        on its way to the server); False if one still is after ``timeout`` s."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._in_flight == 0, timeout)
+
     def outcomes(self, outcome: str) -> list[tuple[str, str, str]]:
         return [s for s in self.seen if s[2] == outcome]
 
@@ -146,7 +168,7 @@ class FaultProxy:
             for rule in self.rules:
                 if rule.hits(method, path, content_range):
                     return rule
-        return None
+            return self.choose(method, path, content_range) if self.choose is not None else None
 
 
 class _Server(ThreadingHTTPServer):
@@ -165,34 +187,52 @@ def _handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
             pass
 
         def _any(self) -> None:
+            with proxy._idle:
+                proxy._in_flight += 1
+            try:
+                self._handle()
+            finally:
+                with proxy._idle:
+                    proxy._in_flight -= 1
+                    proxy._idle.notify_all()
+
+        def _handle(self) -> None:
             method, path = self.command, self.path
             rule = proxy._rule_for(method, path, self.headers.get("Content-Range", ""))
             if rule is None and proxy.tokens.expired(self.headers.get("Authorization")):
                 rule = Rule(401, message="Invalid Credentials")
-            outcome = "forwarded" if rule is None else str(rule.action)
+            outcome = "forwarded" if rule is None else f"{rule.action}{'-applied' if rule.applied else ''}"
             proxy.seen.append((method, path, outcome))
             if rule is not None and rule.action == "reset":
                 self._body()
+                self._after(method, path, outcome)
                 self._reset()
             elif rule is not None and rule.action == "stall":
                 self._stall(rule)
             elif rule is not None and rule.action == "lost-answer":
                 self._forward(method, path, self._body(), answer=False)
+                self._after(method, path, outcome)
                 self._reset()
             elif rule is not None and rule.action == "late-answer":
                 self._forward(method, path, self._body(), answer=False)
+                self._after(method, path, outcome)
                 time.sleep(rule.seconds)
                 self._reset()
             elif rule is not None and rule.action == "truncate":
-                self._forward(method, path, self._body(), truncate=True)
+                self._forward(method, path, self._body(), truncate=True, outcome=outcome)
                 self._reset()
             elif rule is not None:
                 body = self._body()
                 if rule.applied:
                     self._forward(method, path, body, answer=False)
+                self._after(method, path, outcome)
                 self._answer(int(rule.action), rule.message)
             else:
-                self._forward(method, path, self._body())
+                self._forward(method, path, self._body(), outcome=outcome)
+
+        def _after(self, method: str, path: str, outcome: str) -> None:
+            if proxy.after is not None:
+                proxy.after(method, path, outcome)
 
         do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = _any
 
@@ -210,7 +250,7 @@ def _handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
             return self.rfile.read(length) if length else b""
 
         def _forward(self, method: str, path: str, body: bytes, answer: bool = True,
-                     truncate: bool = False) -> None:
+                     truncate: bool = False, outcome: str = "") -> None:
             upstream = http.client.HTTPConnection(*proxy.upstream, timeout=60)
             headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP}
             headers["Host"] = f"{proxy.upstream[0]}:{proxy.upstream[1]}"
@@ -221,6 +261,7 @@ def _handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
             upstream.close()
             if not answer:
                 return
+            self._after(method, path, outcome)
             self.send_response(response.status, response.reason)
             for key, value in response.getheaders():
                 if key.lower() not in HOP_BY_HOP:
@@ -247,6 +288,7 @@ def _handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
             if rule.after and length:
                 self.rfile.read(min(rule.after, length))
             time.sleep(rule.seconds)
+            self._after(self.command, self.path, "stall")
             self._reset()
 
         def _reset(self) -> None:

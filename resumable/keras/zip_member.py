@@ -157,6 +157,15 @@ def can_write_in_place() -> bool:
     return "self._file_size" in source and "self._crc" in source
 
 
+def abandon(archive: zipfile.ZipFile) -> None:
+    """Give up ``archive`` half-written (its file is discarded): closing it, at the end of a
+    ``with`` or when it is collected, would otherwise raise "Can't close the ZIP file while there
+    is an open writing handle" in place of the error that stopped the writing (a full disk), or
+    print that error's traceback from ``ZipFile.__del__``."""
+    archive._writing = False  # type: ignore[attr-defined]
+    archive.fp = None  # close() then does nothing
+
+
 def write_in_place(archive: zipfile.ZipFile, file: ChecksummedFile, name: str,
                    write: Callable[[BinaryIO], None]) -> None:
     """Member ``name`` of ``archive`` (writing into ``file``), stored: ``write`` writes its bytes,
@@ -167,6 +176,9 @@ def write_in_place(archive: zipfile.ZipFile, file: ChecksummedFile, name: str,
     file.zip_crcs = True
     try:
         write(cast(BinaryIO, region))
+    except BaseException:
+        abandon(archive)
+        raise
     finally:
         file.zip_crcs = False
     file.seek(start + region.size)

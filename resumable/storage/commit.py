@@ -260,15 +260,15 @@ class Committer:
             for name, files in listed.items():  # each delete is fenced (`_delete_files`)
                 if not files:
                     files = self._folder.listing(self._folder.path(name)).get(name, {})
-                self._delete_files(name, files, gone_ok=True)
+                self._delete_files(name, files)
                 yield name
             finished = True
         finally:
             if not finished:
                 self._index.may_miss()
 
-    def _delete_files(self, name: str, files: dict[str, ListedFile], *, gone_ok: bool = False) -> None:
-        """Folder ``name``'s files, the manifest first; ``gone_ok``: one gone since it was listed is fine."""
+    def _delete_files(self, name: str, files: dict[str, ListedFile]) -> None:
+        """Folder ``name``'s files, the manifest first; one already gone is fine."""
         folder = self._folder
         for rel in sorted(files, key=lambda rel: rel != MANIFEST_NAME):  # the manifest first
             path = folder.path(name, rel)
@@ -285,11 +285,10 @@ class Committer:
                 elif folder.truncate_before_delete:
                     # Drive's trash keeps deleted files and counts them against the quota.
                     folder.call(functools.partial(folder.fs.pipe_file, path, b""), f"truncate {rel}")
-                try:
+                # Gone is what a delete wants: gone since the listing, or deleted by an earlier
+                # try of this very delete whose reply was lost (gcsfs' retry, or ours, meets 404)
+                with contextlib.suppress(FileNotFoundError):
                     folder.call(functools.partial(folder.fs.rm_file, path), f"delete {rel}")
-                except FileNotFoundError:
-                    if not gone_ok:
-                        raise
         if folder.is_local:
             self._check_fence()
             with folder.errors(folder.url_of(name)):  # what is left; a link there is unlinked, not followed

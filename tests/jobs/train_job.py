@@ -46,6 +46,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--batch-sleep", type=float, default=0.0, help="sleep this long after each batch")
     parser.add_argument("--data", choices=["arrays", "tfdata"], default="arrays")
     parser.add_argument("--max-shard-size", type=float, default=1.0, help="GiB, as in the callback")
+    parser.add_argument("--warnings-on-stderr", action="store_true",
+                        help="resumable's warnings on stderr too, as a user sees them")
+    parser.add_argument("--when-behind", choices=["skip", "wait"], default="skip")
+    parser.add_argument("--lease-timeout", type=float, default=40.0, help="seconds, as in the callback")
     return parser.parse_args(argv)
 
 
@@ -122,6 +126,10 @@ def main(argv: list[str]) -> int:
     log = logging.getLogger("resumable")
     log.addHandler(handler)
     log.setLevel(logging.INFO)
+    if args.warnings_on_stderr:  # where a notebook shows them: Python's last-resort handler's stderr
+        shown = logging.StreamHandler(sys.stderr)
+        shown.setLevel(logging.WARNING)
+        log.addHandler(shown)
 
     strategy = None
     if args.strategy == "mirrored":
@@ -133,6 +141,7 @@ def main(argv: list[str]) -> int:
         args.url, build_model=lambda: build_model(args.seed), strategy=strategy, monitor="val_loss",
         keep_last=args.keep_last, keep_best=1, save_freq=save_freq, save_weights_only=args.weights_only,
         save_interval=args.save_interval, max_shard_size=args.max_shard_size,
+        lease_timeout=args.lease_timeout, when_behind=args.when_behind,
     )
     if strategy is not None:
         print(f"REPLICAS {strategy.num_replicas_in_sync}", flush=True)

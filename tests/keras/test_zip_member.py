@@ -164,3 +164,30 @@ def test_a_member_written_in_place_at_any_offsets_is_a_valid_stored_member(tmp_p
         assert archive.getinfo("model.weights.h5").compress_type == zipfile.ZIP_STORED
         assert archive.read("assets/vocab.txt") == b"a\nb\n"
     assert files.entries["model.keras"].crc32c == crc32c_of_file(path) and files.reread == 0
+
+
+def test_a_full_disk_while_writing_in_place_is_raised_as_itself(tmp_path: Path,
+                                                                 capfd: pytest.CaptureFixture[str]) -> None:
+    """ENOSPC from h5py's writes (the weights' truncate; found by the local-folder sweep)
+    reaches the caller as the OSError it is, so that the save says "no space left ... free space".
+    Before, closing the zip at the end of its ``with`` raised "Can't close the ZIP file while there
+    is an open writing handle" in its place, and ZipFile.__del__ printed that again with a traceback."""
+    import errno
+    import gc
+
+    from resumable.keras.zip_member import write_in_place
+    from resumable.storage.written_files import WrittenFiles
+
+    def write(member: Any) -> None:
+        member.write(b"x" * 1000)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    files = WrittenFiles(tmp_path)
+    with pytest.raises(OSError) as caught, files.create("model.keras") as file, \
+            zipfile.ZipFile(file, "w") as archive:
+        archive.writestr("config.json", "{}")
+        write_in_place(archive, file, "model.weights.h5", write)
+    assert caught.value.errno == errno.ENOSPC
+    del archive
+    gc.collect()
+    assert "Traceback" not in capfd.readouterr().err
