@@ -11,9 +11,10 @@ lease's threads carry it too). From that trace:
   the package up the stack;
 - **files per thread**: by thread name;
 - **layer climbs**: calls whose caller is in a lower layer than the callee
-  (core < storage < manager < keras, cli). A call to a method of the manager's listener
-  interface (``resumable.manager.listener.SaveListener``) is how events are meant to reach the
-  Keras side, and is counted apart, as ``listener calls``.
+  (core < storage < manager < keras, cli). A call through an interface the lower layer
+  declares (a method of a ``typing.Protocol`` class defined in the calling module, such as the
+  manager's ``listener.SaveListener`` or policy's ``CheckpointLike``) is how a lower layer is
+  meant to reach what a higher one hands it, and is counted apart, as ``interface calls``.
 
 And from the source (``ast``), the whole package:
 
@@ -35,6 +36,7 @@ from __future__ import annotations
 import argparse
 import ast
 import collections
+import functools
 import json
 import os
 import sys
@@ -46,10 +48,22 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "resumable"
 LAYERS = {"core": 0, "storage": 1, "manager": 2, "keras": 3, "cli": 3}
-LISTENER = "resumable/manager/listener.py"
 
 # The targets of issue #53.
 TARGETS = {"files": 30, "climbs": 0, "forwarding": 45, "class_lines": 300, "module_lines": 450}
+
+
+@functools.cache
+def protocol_members(rel: str) -> frozenset[str]:
+    """The member names of the ``typing.Protocol`` classes module ``rel`` defines."""
+    members: set[str] = set()
+    for node in ast.walk(ast.parse((ROOT / rel).read_text())):
+        if isinstance(node, ast.ClassDef) and any(
+                (isinstance(b, ast.Name) and b.id == "Protocol") or (isinstance(b, ast.Attribute)
+                                                                    and b.attr == "Protocol")
+                for b in node.bases):
+            members |= {m.name for m in node.body if isinstance(m, ast.FunctionDef)}
+    return frozenset(members)
 
 
 def layer_of(rel: str) -> int | None:
@@ -126,17 +140,15 @@ def trace_save() -> dict[str, Any]:
     per_thread: dict[str, set[str]] = collections.defaultdict(set)
     for thread, _, callee, _ in calls:
         per_thread[thread].add(callee)
-    climbs, listener = set(), set()
+    climbs, interface = set(), set()
     for _, caller, callee, function in calls:
         low, high = layer_of(caller) if caller else None, layer_of(callee)
         if low is not None and high is not None and low < high:
-            if caller == LISTENER:
-                listener.add(f"{caller} -> {callee}:{function}")
-            else:
-                climbs.add(f"{caller} -> {callee}:{function}")
+            through = function in protocol_members(caller)
+            (interface if through else climbs).add(f"{caller} -> {callee}:{function}")
     return {"files": files, "links": [f"{a} -> {b}" for a, b in links],
             "threads": {name: sorted(found) for name, found in sorted(per_thread.items())},
-            "climbs": sorted(climbs), "listener_calls": sorted(listener)}
+            "climbs": sorted(climbs), "interface_calls": sorted(interface)}
 
 
 # ------------------------------------------------------------------ the source
@@ -218,8 +230,8 @@ def main() -> None:
         print(f"layer climbs: {len(figures['climbs'])}")
         for line in figures["climbs"]:
             print(f"  {line}")
-        print(f"listener calls: {len(figures['listener_calls'])}")
-        for line in figures["listener_calls"]:
+        print(f"interface calls: {len(figures['interface_calls'])}")
+        for line in figures["interface_calls"]:
             print(f"  {line}")
     print(f"forwarding methods: {figures['forwarding']}")
     for name, (found, total) in list(figures["forwarding_by_class"].items())[:6]:

@@ -152,8 +152,7 @@ class CheckpointCallback(OptionAttributes, keras.callbacks.Callback):
         # Lease, staging, uploads, commits and retention: this callback only decides when to save.
         self.manager = options.run_manager(topology.process_index())
         self.lines = CommitLines(bool(options.verbose))
-        self.manager.on_commit = self.lines.committed
-        self.manager.on_skipped = self.lines.say
+        self.manager.listener = self.lines  # each commit and each checkpoint skipped, told
         self.schedule = options.save_schedule()
         self.builder = CheckpointBuilder(options, self.manager, self.lines)
         self.fit_lease = FitLease(options, self.manager, self.lines)

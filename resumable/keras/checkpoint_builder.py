@@ -11,7 +11,6 @@ is one warning and training goes on.
 
 from __future__ import annotations
 
-import functools
 import logging
 import shutil
 import time
@@ -134,7 +133,7 @@ class CheckpointBuilder:
             with self.manager.serializing():
                 taken = saving.snapshot(model, weights_only=self.options.save_weights_only, state=state,
                                         arrays=arrays, max_shard_size=self.options.max_shard_size)
-        write = functools.partial(self.write_staged, taken, name) if taken is not None else None
+        files = SnapshotFiles(taken, name, self) if taken is not None else None
         # said now, as a synchronous save would
         if taken is not None and not taken.fits_in(self._write_folder(staging)):
             self._no_room(name, None if self.manager.writes_in_place else self.manager.staging_dir)
@@ -150,24 +149,10 @@ class CheckpointBuilder:
             payload=payload,
         )
         self.lines.save_started = started
-        self.manager.submit(staging, name, manifest, write=write)
+        self.manager.submit(staging, name, manifest, files=files)
         if self.options.async_upload:
             logger.info("resumable: staged %s in %.2f s; uploading in the background", name,
                         time.monotonic() - started)
-
-    def write_staged(self, taken: snapshot.ModelSnapshot | multihost.PartSnapshot, name: str, folder: Path,
-                     root: str | None) -> dict[str, FileEntry]:
-        """Write a snapshot's files into ``folder`` (below the run folder ``root``, or a staging
-        folder); each one's size and CRC32C as written (the uploader's thread, in the background)."""
-        try:
-            return taken.write(folder, root)
-        except OSError as e:
-            if root is None:
-                shutil.rmtree(folder, ignore_errors=True)  # half a checkpoint would only hold the space
-            if e.errno in NO_SPACE_ERRNOS:
-                staging = None if root is not None else self.manager.staging_dir
-                raise NoSpaceError(self._no_space_line(staging, name)) from e
-            raise
 
     def _serialize(self, model: keras.Model, staging: Path, name: str, state: dict[str, Any],
                    arrays: dict[str, Any]) -> str | None:
@@ -189,9 +174,9 @@ class CheckpointBuilder:
     def _no_room(self, name: str, staging: Path | None) -> None:
         """The disk cannot hold checkpoint ``name`` (the staging folder's; None: the run folder's):
         one warning, training goes on."""
-        user_warnings.warn(f"resumable: {self._no_space_line(staging, name)}")
+        user_warnings.warn(f"resumable: {self.no_space_line(staging, name)}")
 
-    def _no_space_line(self, staging_dir: Path | None, name: str) -> str:
+    def no_space_line(self, staging_dir: Path | None, name: str) -> str:
         return no_space_line(name, self.manager.last_checkpoint, staging_dir=staging_dir,
                              root=self.manager.storage.root)
 
@@ -202,4 +187,28 @@ class CheckpointBuilder:
         return Path(self.manager.storage.root) if self.manager.writes_in_place else staging
 
 
-__all__ = ["CheckpointBuilder", "Progress"]
+class SnapshotFiles:
+    """A snapshot's files, written by the save job in the uploader's thread (the manager's
+    `listener.Files`): a full disk said in one line, a half-written staging folder deleted."""
+
+    def __init__(self, taken: snapshot.ModelSnapshot | multihost.PartSnapshot, name: str,
+                 builder: CheckpointBuilder) -> None:
+        self.taken = taken
+        self.name = name
+        self.builder = builder
+
+    def write(self, folder: Path, root: str | None) -> dict[str, FileEntry]:
+        """Write the snapshot's files into ``folder`` (below the run folder ``root``, or a staging
+        folder); each one's size and CRC32C as written."""
+        try:
+            return self.taken.write(folder, root)
+        except OSError as e:
+            if root is None:
+                shutil.rmtree(folder, ignore_errors=True)  # half a checkpoint would only hold the space
+            if e.errno in NO_SPACE_ERRNOS:
+                staging = None if root is not None else self.builder.manager.staging_dir
+                raise NoSpaceError(self.builder.no_space_line(staging, self.name)) from e
+            raise
+
+
+__all__ = ["CheckpointBuilder", "Progress", "SnapshotFiles"]

@@ -137,22 +137,15 @@ class JobCommit:
         answer = message.get("said")
         return dict(answer) if isinstance(answer, dict) else {}
 
-    def writer(self, staging: Path, write: Callable[[Path, str | None], dict[str, FileEntry]] | None
-               ) -> Callable[[Path, str | None], dict[str, FileEntry]] | None:
-        """``write(folder, root)``, made to keep its error for `commit`: a process that cannot write
-        its files (a full disk) still takes part in the round, and every process fails it alike."""
-        if write is None:
-            return None
-
-        def kept(folder: Path, root: str | None) -> dict[str, FileEntry]:
-            self._unwritten.pop(Path(staging), None)
-            try:
-                return write(folder, root)
-            except Exception as e:  # said in the round: one process skipping it would stall the others
-                self._unwritten[Path(staging)] = e
-                return {}
-
-        return kept
+    def write_part(self, staging: Path, write: Callable[[], dict[str, FileEntry]]) -> None:
+        """``write()`` this process's files into ``staging``, its error kept for `commit`: a process
+        that cannot write its files (a full disk) still takes part in the round, and every process
+        fails it alike."""
+        self._unwritten.pop(Path(staging), None)
+        try:
+            write()
+        except Exception as e:  # said in the round: one process skipping it would stall the others
+            self._unwritten[Path(staging)] = e
 
     def commit(self, staging: Path, name: str, manifest: Manifest, *, progress: bool = False,
                between_chunks: Callable[[], None] | None = None) -> CheckpointInfo:

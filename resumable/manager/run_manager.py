@@ -38,8 +38,9 @@ from resumable.core.naming import DEFAULT_TEMPLATE
 from resumable.core.policy import Retention
 from resumable.manager.arrival import Arrival
 from resumable.manager.job_commit import DEFAULT_BARRIER_TIMEOUT, JobChannel, JobCommit
+from resumable.manager.listener import Files, SaveListener
 from resumable.manager.run_reader import PrunePlan, RunReader
-from resumable.manager.run_writer import RunWriter, WriteFn, WriterOptions
+from resumable.manager.run_writer import RunWriter, WriterOptions
 from resumable.manager.uploader import Uploader, check_when_behind
 from resumable.storage import CheckpointInfo, RunStorage
 from resumable.storage.lease import DEFAULT_TIMEOUT, Lease, LeaseInfo, check_timeout
@@ -108,8 +109,7 @@ class RunManager:
                                      async_upload=async_upload, verbose=verbose, when_behind=when_behind)
         self.reader = RunReader(self.storage, self.staging_dir, verbose=verbose)
         self._writer: RunWriter | None = None  # built at the first write (`writer`)
-        self.on_commit: Callable[[CheckpointInfo], None] | None = None  # after each commit (callback)
-        self.on_skipped: Callable[[str], None] | None = None  # the line saying a checkpoint was skipped
+        self._listener: SaveListener | None = None
 
     retention = _option("retention", "What to keep after each commit; None keeps everything.")
     takeover = _option("takeover", "`acquire` takes the lease even from a live holder.")
@@ -129,9 +129,20 @@ class RunManager:
         """The run folder's writer, built on first use: the lease (the storage fenced by it from
         then on) and the uploader. Reading never builds it."""
         if self._writer is None:
-            self._writer = RunWriter(self.reader, self.options, on_commit=self._report_commit,
-                                     on_skipped=self._skipped)
+            self._writer = RunWriter(self.reader, self.options, listener=self._listener)
         return self._writer
+
+    @property
+    def listener(self) -> SaveListener | None:
+        """Told of each commit and each checkpoint skipped (`listener.SaveListener`); None logs
+        the skipped ones."""
+        return self._listener
+
+    @listener.setter
+    def listener(self, listener: SaveListener | None) -> None:
+        self._listener = listener
+        if self._writer is not None:
+            self._writer.listener = listener
 
     @property
     def lease(self) -> Lease:
@@ -217,17 +228,17 @@ class RunManager:
         """Hold the upload in flight while the caller writes a staged folder (what training waits for)."""
         return self.writer.uploader.paused()
 
-    def submit(self, folder: Path, name: str, manifest: Manifest, *, write: WriteFn | None = None) -> None:
+    def submit(self, folder: Path, name: str, manifest: Manifest, *, files: Files | None = None) -> None:
         """Commit a staged folder as ``name``: in the background, or now with ``async_upload=False``.
 
-        ``write(folder, root)``: writes the files first, in the uploader's thread when in the
-        background (a checkpoint held in memory: training does not wait for its files), and
-        returns each one's size and CRC32C as written. In a local run (Drive's mount included)
-        it writes them straight into the checkpoint's folder in the run (``root``), and the
-        commit only syncs them and writes the manifest (`writes_in_place`); elsewhere, and for
-        a process's part of a multi-host job's checkpoint, into ``folder``, uploaded next.
+        ``files`` (`listener.Files`): written first by the save job, in the uploader's thread
+        when in the background (a checkpoint held in memory: training does not wait for its
+        files). In a local run (Drive's mount included) straight into the checkpoint's folder
+        in the run, the commit then only syncing them and writing the manifest
+        (`writes_in_place`, `commits.InPlace`); elsewhere, and for a process's part of a
+        multi-host job's checkpoint, into ``folder``, uploaded next.
         """
-        self.writer.submit(folder, name, manifest, write=write)
+        self.writer.submit(folder, name, manifest, files=files)
 
     @property
     def writes_in_place(self) -> bool:
@@ -256,18 +267,6 @@ class RunManager:
         """
         if self._writer is not None:
             self._writer.finish(quiet=quiet)
-
-    def _report_commit(self, info: CheckpointInfo) -> None:
-        """After each commit and its retention: the callback's ``on_commit``."""
-        if self.on_commit is not None:
-            self.on_commit(info)
-
-    def _skipped(self, line: str) -> None:
-        """A checkpoint replaced while it waited for its upload: the callback prints the line."""
-        if self.on_skipped is not None:
-            self.on_skipped(line)
-        else:
-            logger.warning("%s", line)
 
     # ------------------------------------------------------------------ what a resume learned
 

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -33,7 +34,8 @@ def write_files(folder: Path, root: str | None) -> dict[str, FileEntry]:
 
 def commit(manager: RunManager, epoch: int) -> None:
     name = f"ckpt-{epoch:06d}"
-    manager.submit(manager.stage(name), name, Manifest(epoch=epoch, step=epoch), write=write_files)
+    manager.submit(manager.stage(name), name, Manifest(epoch=epoch, step=epoch),
+                   files=SimpleNamespace(write=write_files))
 
 
 def commit_once(tmp_path: Path) -> None:
@@ -109,6 +111,8 @@ sys.path.insert(0, {tests!r})
 from manager.test_in_place import commit, PAYLOAD
 from resumable.core.manifest import Manifest
 from resumable.manager.run_manager import RunManager
+from types import SimpleNamespace
+
 from resumable.storage.written_files import WrittenFiles
 
 manager = RunManager({url!r}, staging_dir={staging!r}, async_upload=False)
@@ -121,7 +125,8 @@ def torn(folder, root):  # killed in the middle of model.keras, as a runtime die
     file.write(PAYLOAD[: len(PAYLOAD) // 2])
     os.kill(os.getpid(), signal.SIGKILL)
 
-manager.submit(manager.stage("ckpt-000002"), "ckpt-000002", Manifest(epoch=2, step=2), write=torn)
+manager.submit(manager.stage("ckpt-000002"), "ckpt-000002", Manifest(epoch=2, step=2),
+               files=SimpleNamespace(write=torn))
 """
 
 

@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -204,11 +205,8 @@ def test_a_part_that_could_not_be_written_fails_the_round_and_its_retry(tmp_path
         part(folder, 1, size=10)  # half written, then the disk is full
         raise OSError(28, "No space left on device")
 
-    writers = [committers[0].writer(staged[0], lambda f, root: part(f, 0)),
-               committers[1].writer(staged[1], broken)]
-    for writer, folder in zip(writers, staged, strict=True):
-        assert writer is not None
-        writer(folder, None)  # as the uploader calls it (a part is staged): never raises
+    committers[0].write_part(staged[0], lambda: part(staged[0], 0))  # as the uploader's job writes
+    committers[1].write_part(staged[1], lambda: broken(staged[1], None))  # its part: never raises
     for _ in range(2):  # the round, then its retry: never half the files
         results = in_threads([lambda i=i: committers[i].commit(staged[i], "ckpt-000001", Manifest(epoch=1))
                               for i in range(2)])
@@ -250,7 +248,8 @@ def test_run_manager_commits_in_order_and_only_process_0_applies_retention(tmp_p
     reported: list[list[str]] = [[], []]
     for i, manager in enumerate(managers):
         manager.every_process_writes(group[i], timeout=10)
-        manager.on_commit = lambda info, i=i: reported[i].append(info.name)
+        manager.listener = SimpleNamespace(committed=lambda info, i=i: reported[i].append(info.name),
+                                           skipped=print)
         assert manager.uploader.when_behind == "wait"  # no process skips a checkpoint the others commit
         assert not manager.writes_in_place  # a local run, yet each process's part is staged, then uploaded
     managers[0].acquire()
@@ -259,7 +258,8 @@ def test_run_manager_commits_in_order_and_only_process_0_applies_retention(tmp_p
         for epoch in (1, 2, 3):
             name = f"ckpt-{epoch:06d}"
             folder = managers[i].stage(name)
-            managers[i].submit(folder, name, Manifest(epoch=epoch), write=lambda f, root, i=i: part(f, i))
+            managers[i].submit(folder, name, Manifest(epoch=epoch),
+                               files=SimpleNamespace(write=lambda f, root, i=i: part(f, i)))
         managers[i].wait()
 
     results = in_threads([lambda i=i: train(i) for i in range(2)])
@@ -291,7 +291,7 @@ def test_a_failed_round_is_dropped_on_every_process_never_retried(tmp_path: Path
             name = f"ckpt-{epoch:06d}"
             folder = managers[i].stage(name)
             managers[i].submit(folder, name, Manifest(epoch=epoch),
-                               write=lambda f, root, i=i, e=epoch: write(f, i, e))
+                               files=SimpleNamespace(write=lambda f, root, i=i, e=epoch: write(f, i, e)))
             try:
                 managers[i].wait()
             except ResumableError as e:

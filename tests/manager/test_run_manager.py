@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -36,7 +37,7 @@ def test_commits_and_applies_retention_after_each_commit(run_url: str, tmp_path:
     manager = RunManager(run_url, staging_dir=tmp_path / "staging", retention=Retention(keep_last=2),
                          async_upload=async_upload)
     committed = []
-    manager.on_commit = lambda info: committed.append(info.name)
+    manager.listener = SimpleNamespace(committed=lambda info: committed.append(info.name), skipped=print)
     manager.acquire()
     for epoch in (1, 2, 3, 4):
         save(manager, epoch)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from storage_helpers import commit, names, put_raw
@@ -71,7 +72,8 @@ def test_the_first_write_builds_the_writer_and_fences_the_storage_first(two_chec
     assert manager.storage.fence is None and read_lease(storage) is None
 
     committed: list[str] = []
-    manager.on_commit = lambda info: committed.append(info.name)  # set before the writer exists
+    manager.listener = SimpleNamespace(committed=lambda info: committed.append(info.name),  # set before
+                                       skipped=print)  # the writer exists
     manager.retention = Retention(keep_last=1)  # so is this: the writer reads it when it prunes
     with built(Lease, Uploader) as writers:
         manager.acquire()
