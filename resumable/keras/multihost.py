@@ -150,7 +150,7 @@ class PartSnapshot:
     def write(self, folder: Path, root: str | None = None) -> dict[str, FileEntry]:
         """Write this process's files of the checkpoint into ``folder`` (created if needed), a staging
         folder: TensorStore writes the chunks, so their CRC32Cs are taken as they are uploaded
-        (`RunStorage.upload_part`) and none is returned here. ``root`` must be None: a part is never
+        (`Committer.upload`) and none is returned here. ``root`` must be None: a part is never
         written into a run folder in place (`RunManager.writes_in_place`).
 
         OSError(ENOSPC) before anything is written when the disk cannot hold them.

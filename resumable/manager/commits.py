@@ -106,14 +106,14 @@ class InPlace:
             raise ResumableError(f"{storage.url}/{name}: no files to write in place")
         with writer.holding():
             writer.renew_before_commit(name)
-            target = Path(writer.replacing_damaged(name, lambda: storage.begin_in_place(name)))
+            target = Path(writer.replacing_damaged(name, lambda: storage.committer.begin_in_place(name)))
             try:
                 written = write_files(job.files, target, storage.root)
             except BaseException:
                 with contextlib.suppress(ResumableError, OSError):  # a partial folder only holds space
                     storage.delete(name)
                 raise
-            return storage.commit_in_place(name, job.manifest, written)
+            return storage.committer.commit_in_place(name, job.manifest, written)
 
 
 class Parts:

@@ -177,7 +177,7 @@ class JobCommit:
             raise
         self._put(f"{key}/ready", {"token": token})
         try:
-            files = dict(self.storage.upload_part(staging, name, progress=progress,
+            files = dict(self.storage.committer.upload(staging, name, progress=progress,
                                                   between_chunks=between_chunks))
             for index, part in self._parts(key, name):
                 shared = sorted(set(part) & set(files))
@@ -185,7 +185,7 @@ class JobCommit:
                     raise ResumableError(f"{self.storage.url}/{name}: process {index} wrote {shared[0]}, "
                                          "which another process wrote too; not committed")
                 files.update(part)
-            info = self.storage.commit_manifest(name, replace(manifest, files=files))
+            info = self.storage.committer.finish(name, replace(manifest, files=files))
         except BaseException as e:
             self._put(f"{key}/committed", {"error": _said(e), "lost": isinstance(e, LeaseLostError)})
             raise
@@ -229,7 +229,8 @@ class JobCommit:
             self._raise_unwritten(staging)
             if ready.get("token"):
                 check_holder(self.storage, str(ready["token"]))
-            files = self.storage.upload_part(staging, name, progress=progress, between_chunks=between_chunks)
+            files = self.storage.committer.upload(staging, name, progress=progress,
+                                                  between_chunks=between_chunks)
         except BaseException as e:
             self._put(f"{key}/part/{index}", {"error": _said(e), "lost": isinstance(e, LeaseLostError)})
             raise

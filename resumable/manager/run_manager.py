@@ -29,14 +29,13 @@ import hashlib
 import logging
 import shutil
 import tempfile
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from resumable.core.manifest import Manifest
 from resumable.core.naming import DEFAULT_TEMPLATE
 from resumable.core.policy import Retention
-from resumable.manager.arrival import Arrival
 from resumable.manager.job_commit import DEFAULT_BARRIER_TIMEOUT, JobChannel, JobCommit
 from resumable.manager.listener import Files, SaveListener
 from resumable.manager.run_reader import PrunePlan, RunReader
@@ -54,8 +53,9 @@ def _option(name: str, doc: str) -> Any:
                     lambda self, value: setattr(self.options, name, value), doc=doc)
 
 
-class RunManager:
-    """The reader of one run folder (`RunReader`) and, built at its first write, its writer (`RunWriter`).
+class RunManager(RunReader):
+    """The reader of one run folder (a `RunReader`: its reading methods are the manager's own)
+    and, built at its first write, its writer (`writer`, a `RunWriter`).
 
     Example:
 
@@ -99,15 +99,15 @@ class RunManager:
         process_index: int = 0,
         when_behind: str = "skip",
     ) -> None:
-        self.storage = RunStorage(url, filename=filename, storage_options=storage_options)
-        self.staging_dir = Path(staging_dir) if staging_dir else default_staging_dir(self.storage.url,
-                                                                                     process_index)
+        storage = RunStorage(url, filename=filename, storage_options=storage_options)
         # checked now, as the writer built later would: a bad argument fails where it is given
         lease_timeout = check_timeout(lease_timeout)
         check_when_behind(when_behind)
         self.options = WriterOptions(retention=retention, lease_timeout=lease_timeout, takeover=takeover,
                                      async_upload=async_upload, verbose=verbose, when_behind=when_behind)
-        self.reader = RunReader(self.storage, self.staging_dir, verbose=verbose)
+        super().__init__(storage, Path(staging_dir) if staging_dir else default_staging_dir(storage.url,
+                                                                                         process_index),
+                         verbose=verbose)
         self._writer: RunWriter | None = None  # built at the first write (`writer`)
         self._listener: SaveListener | None = None
 
@@ -129,7 +129,7 @@ class RunManager:
         """The run folder's writer, built on first use: the lease (the storage fenced by it from
         then on) and the uploader. Reading never builds it."""
         if self._writer is None:
-            self._writer = RunWriter(self.reader, self.options, listener=self._listener)
+            self._writer = RunWriter(self, self.options, listener=self._listener)
         return self._writer
 
     @property
@@ -177,11 +177,7 @@ class RunManager:
 
     def blocking_writer(self) -> LeaseInfo | None:
         """Another live process that holds the lease (`acquire` would fail), or None. Reads only."""
-        return None if self.takeover else self.reader.blocking_writer()
-
-    def other_writer(self) -> tuple[LeaseInfo, float | None] | None:
-        """Another process' lease, live or not, with its age by the storage's clock. Reads only."""
-        return self.reader.other_writer()
+        return None if self.takeover else super().blocking_writer()
 
     def writing(self, *, force: bool = False) -> contextlib.AbstractContextManager[LeaseInfo | None]:
         """Hold the lease for a one-off change such as pruning.
@@ -200,15 +196,6 @@ class RunManager:
         is skipped (when_behind='wait'), and one that failed is dropped on every process, never
         tried again."""
         self.writer.every_process_writes(channel, timeout)
-
-    def check_continues(self, restored: str | None, step: int) -> int | None:
-        """Refuse to mix a new training run into a folder that already holds one.
-
-        ``restored``: the checkpoint this run resumed from; ``step``: the model's optimizer
-        step now. Returns the epochs done when the model was restored by hand from the latest
-        checkpoint (same step), else None. Raises CheckpointExistsError otherwise.
-        """
-        return self.reader.check_continues(restored, step)
 
     def stage(self, name: str, *, drop_cached: bool = True) -> Path:
         """An empty local folder to write checkpoint ``name`` into before `submit`.
@@ -270,35 +257,7 @@ class RunManager:
 
     # ------------------------------------------------------------------ what a resume learned
 
-    @property
-    def last_checkpoint(self) -> CheckpointInfo | None:
-        """The checkpoint restored, then the last one committed; None before either."""
-        return self.reader.last_checkpoint
-
-    @property
-    def damaged(self) -> set[str]:
-        """Newer checkpoints found damaged when resuming, which commits may replace (a copy)."""
-        return self.reader.damaged
-
-    def resumed_from(self, checkpoint: CheckpointInfo | None, damaged: set[str]) -> None:
-        """A resume restored ``checkpoint`` (None: nothing): it is the run's last checkpoint, and
-        the newer ones in ``damaged`` may be replaced by training's commits."""
-        self.reader.resumed_from(checkpoint, damaged)
-
-    def mark_damaged(self, name: str) -> None:
-        """Checkpoint ``name`` failed a check when resuming: passed over, and replaceable."""
-        self.reader.mark_damaged(name)
-
     # ------------------------------------------------------------------ retention and pruning
-
-    def plan_pruning(self, retention: Retention, *, protect: Iterable[str] = (),
-                     checkpoints: Sequence[CheckpointInfo] | None = None) -> PrunePlan:
-        """Retention's decision for every checkpoint; ``protect`` names are kept.
-
-        ``checkpoints``: as `RunStorage.list` returned them (oldest first), when the caller
-        listed them already; else the run folder is listed with its files checked.
-        """
-        return self.reader.plan_pruning(retention, protect=protect, checkpoints=checkpoints)
 
     def prune(self, doomed: Sequence[CheckpointInfo], *, progress: Callable[[Sequence[CheckpointInfo]],
               Iterable[CheckpointInfo]] | None = None, tolerant: bool = False) -> list[str]:
@@ -323,52 +282,6 @@ class RunManager:
         self.writer.apply_retention()
 
     # ------------------------------------------------------------------ reading
-
-    def newest_first(self) -> Iterator[CheckpointInfo]:
-        """Good checkpoints, newest first (skipped newer damaged ones are logged)."""
-        return self.reader.newest_first()
-
-    def newest_good(self) -> CheckpointInfo | None:
-        """The newest good checkpoint that resuming did not find damaged."""
-        return self.reader.newest_good()
-
-    @property
-    def cache_root(self) -> Path:
-        """Where checkpoints are downloaded to be loaded."""
-        return self.reader.cache_root
-
-    def fetch(self, info: CheckpointInfo) -> Path:
-        """The checkpoint's folder to load from, every file checked (CorruptCheckpointError if bad).
-
-        From a bucket: downloaded into the cache. From a local folder or a Drive mount: the
-        checkpoint's own folder, once its files were read and checked in place.
-        """
-        return self.reader.fetch(info)
-
-    def arrive(self, info: CheckpointInfo, streamed: Callable[[str], bool]) -> Arrival:
-        """The checkpoint's files coming down in a thread (`Arrival`), those ``streamed`` says
-        a loader reads as they come last, in name order (a local run: checked in place first)."""
-        return self.reader.arrive(info, streamed)
-
-    def arriving_newest(self, warn: Callable[[str], None], check: Callable[[Path, str], object] | None = None,
-                        streamed: Callable[[str], bool] = lambda rel: False
-                        ) -> tuple[CheckpointInfo, Arrival] | None:
-        """The newest checkpoint whose files check out but those ``streamed(rel)`` names, these
-        still arriving; None when there is none (`RunReader.arriving_newest`). Checkpoints in
-        `damaged` are passed over; those found damaged are passed to ``warn`` and added to it."""
-        return self.reader.arriving_newest(warn, check, streamed)
-
-    def fetch_newest(self, warn: Callable[[str], None], check: Callable[[Path, str], object] | None = None
-                     ) -> tuple[CheckpointInfo, Path] | None:
-        """The newest checkpoint whose files all check out, fetched; None when there is none.
-
-        As `arriving_newest`, every file waited for.
-        """
-        return self.reader.fetch_newest(warn, check)
-
-    def keep_only_cached(self, name: str) -> None:
-        """The cache holds one checkpoint: the one restored (a later resume reuses its files)."""
-        self.reader.keep_only_cached(name)
 
 
 def default_staging_dir(url: str, process_index: int = 0) -> Path:

@@ -188,7 +188,7 @@ class RunWriter:
 
     def _prepare_job_commit(self, name: str) -> None:
         """#36: process 0's first step of a job's commit: the folder cleared, or a damaged one replaced."""
-        self.replacing_damaged(name, lambda: self.storage.prepare_commit(name))
+        self.replacing_damaged(name, lambda: self.storage.committer.prepare(name))
 
     def replacing_damaged(self, name: str, begin: Callable[[], T]) -> T:
         """``begin()`` (the commit, or its first step); a checkpoint of that name resume() found
@@ -255,7 +255,7 @@ class RunWriter:
             for info in self.storage.list(check_files=False):
                 self.storage.delete(info)
             self.reader.committed(None)
-            self.storage.delete_index()
+            self.storage.committer.delete_index()
         if self.storage.is_local:
             with contextlib.suppress(OSError):
                 os.rmdir(self.storage.root)  # only when empty

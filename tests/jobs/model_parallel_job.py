@@ -213,9 +213,9 @@ def measure_save(model: Any) -> None:
 
 def slow_first_upload(seconds: float) -> None:
     """Make this process's first part upload wait (a slow host), to run into the others' barrier."""
-    from resumable.storage import RunStorage
+    from resumable.storage.commit import Committer
 
-    original = RunStorage.upload_part
+    original = Committer.upload
     calls = []
 
     def upload_part(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -224,7 +224,7 @@ def slow_first_upload(seconds: float) -> None:
             time.sleep(seconds)
         return original(self, *args, **kwargs)
 
-    RunStorage.upload_part = upload_part  # type: ignore[method-assign]
+    Committer.upload = upload_part  # type: ignore[method-assign]
 
 
 def backup_and_restore(args: argparse.Namespace, devices: list[Any]) -> int:

@@ -1,4 +1,4 @@
-"""A local run's checkpoints written straight into their folder (RunManager._commit_in_place)."""
+"""A local run's checkpoints written straight into their folder (manager/commits.py: InPlace)."""
 
 from __future__ import annotations
 

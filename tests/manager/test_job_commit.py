@@ -91,7 +91,7 @@ def in_threads(work: list[Callable[[], Any]]) -> list[Any]:
 
 def jobs(url: str, count: int, timeout: float = 10.0, **kwargs: Any) -> list[JobCommit]:
     storage = RunStorage(url)
-    prepare = kwargs.pop("prepare", storage.prepare_commit)
+    prepare = kwargs.pop("prepare", storage.committer.prepare)
     return [JobCommit(RunStorage(url), channel, timeout=timeout, prepare=prepare, **kwargs)
             for channel in channels(count)]
 
@@ -180,7 +180,7 @@ def test_a_job_taken_over_writes_nothing_more(tmp_path: Path) -> None:
 def test_a_file_reported_by_two_processes_is_refused(tmp_path: Path) -> None:
     url = str(tmp_path / "run")
     group = channels(2)
-    chief = JobCommit(RunStorage(url), group[0], timeout=10, prepare=RunStorage(url).prepare_commit)
+    chief = JobCommit(RunStorage(url), group[0], timeout=10, prepare=RunStorage(url).committer.prepare)
 
     def process_1() -> None:  # reports process 0's listing as its own (two processes wrote one file)
         assert group[1].get("commit/ckpt-000001/1/ready", 10) is not None
@@ -218,7 +218,7 @@ def test_a_part_that_could_not_be_written_fails_the_round_and_its_retry(tmp_path
 def test_finished_rounds_are_forgotten(tmp_path: Path) -> None:
     url = str(tmp_path / "run")
     group = channels(2)
-    committers = [JobCommit(RunStorage(url), c, timeout=10, prepare=RunStorage(url).prepare_commit)
+    committers = [JobCommit(RunStorage(url), c, timeout=10, prepare=RunStorage(url).committer.prepare)
                   for c in group]
     for epoch in (1, 2, 3):
         name = f"ckpt-{epoch:06d}"

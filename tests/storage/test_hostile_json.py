@@ -434,8 +434,8 @@ def test_a_huge_lease_is_read_no_further_than_the_limit(run_url: str) -> None:
     from resumable.storage.run_files import READ_LIMIT
 
     storage = RunStorage(run_url)
-    assert storage.create_run_file("lease.json", b"[" + b" " * (8 * READ_LIMIT) + b"]") is not None
-    found = storage.read_run_file("lease.json")
+    assert storage.run_files.create_run_file("lease.json", b"[" + b" " * (8 * READ_LIMIT) + b"]") is not None
+    found = storage.run_files.read_run_file("lease.json")
     assert found is not None and len(found[0]) == READ_LIMIT + 1
     if storage.is_local:  # written a minute ago: not a lease still being written (TORN_GRACE)
         past = time.time() - 60

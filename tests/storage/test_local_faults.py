@@ -272,7 +272,7 @@ def test_a_mount_without_hard_links_or_locks_still_has_one_writer(
     finally:
         this_machine.HOST = saved
     held.release()
-    assert storage.read_run_file(LEASE_NAME) is None
+    assert storage.run_files.read_run_file(LEASE_NAME) is None
 
 
 @pytest.mark.parametrize("where", ["file", "folder entry"])
@@ -345,7 +345,7 @@ def test_a_lease_that_stays_torn_is_taken_after_the_grace(
 ) -> None:
     monkeypatch.setattr(lease_contest, "TORN_GRACE", 0.3)
     monkeypatch.setattr(lease_contest, "TORN_POLL", 0.02)
-    storage.create_run_file(LEASE_NAME, b"")  # its writer died between the create and the write
+    storage.run_files.create_run_file(LEASE_NAME, b"")  # its writer died between the create and the write
     started = time.monotonic()
     held = Lease(storage)
     held.acquire()
