@@ -200,6 +200,7 @@ class BackupAndRestore(CheckpointCallback):
 
     def delete_backup(self) -> None:
         """Delete every backup, then the folder when nothing else is in it (Keras deletes the folder)."""
-        self.manager.delete_every_checkpoint()  # each delete, the index's included, after the lease check
+        # each delete, the index's included, after the lease check
+        self.manager.writer.delete_every_checkpoint()
 
 __all__ = ["BackupAndRestore"]

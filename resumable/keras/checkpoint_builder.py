@@ -124,13 +124,13 @@ class CheckpointBuilder:
                           arrays: dict[str, Any], callback_states: dict[str, Any]) -> None:
         started = time.monotonic()
         logger.info("resumable: saving %s", name)
-        staging = self.manager.stage(name, drop_cached=False)  # dropped by the writer, or below
+        staging = self.manager.writer.stage(name, drop_cached=False)  # dropped by the writer, or below
         taken: snapshot.ModelSnapshot | multihost.PartSnapshot | None = None
         if self.manager.job is not None:  # #36: this process's part of a model split across processes
-            with self.manager.serializing():
+            with self.manager.writer.uploader.paused():
                 taken = multihost.snapshot(model, state=state, arrays=arrays)
         elif not self.options.save_trainable_only:
-            with self.manager.serializing():
+            with self.manager.writer.uploader.paused():
                 taken = saving.snapshot(model, weights_only=self.options.save_weights_only, state=state,
                                         arrays=arrays, max_shard_size=self.options.max_shard_size)
         files = SnapshotFiles(taken, name, self) if taken is not None else None
@@ -149,7 +149,7 @@ class CheckpointBuilder:
             payload=payload,
         )
         self.lines.save_started = started
-        self.manager.submit(staging, name, manifest, files=files)
+        self.manager.writer.submit(staging, name, manifest, files=files)
         if self.options.async_upload:
             logger.info("resumable: staged %s in %.2f s; uploading in the background", name,
                         time.monotonic() - started)
@@ -158,9 +158,9 @@ class CheckpointBuilder:
                    arrays: dict[str, Any]) -> str | None:
         """Save the model into ``staging`` while training waits; the payload file's name, or None
         (warned) when the disk is full."""
-        self.manager.uploader.drop_cached()  # Keras writes here now: the old copy goes first
+        self.manager.writer.uploader.drop_cached()  # Keras writes here now: the old copy goes first
         try:
-            with self.manager.serializing():
+            with self.manager.writer.uploader.paused():
                 return saving.save(model, staging, weights_only=self.options.save_weights_only, state=state,
                                    arrays=arrays, trainable_only=self.options.save_trainable_only,
                                    max_shard_size=self.options.max_shard_size)

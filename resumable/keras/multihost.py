@@ -352,7 +352,7 @@ class JobResume:
     def __init__(self, manager: RunManager, *, timeout: float) -> None:
         self.manager = manager
         self.timeout = timeout
-        self.channel = channel(manager.url)
+        self.channel = channel(manager.storage.url)
         self._step = 0
 
     def newest_is_split(self) -> bool:
@@ -427,7 +427,8 @@ class JobResume:
         try:
             return self.manager.storage.get(name)
         except ResumableError as e:
-            raise ResumableError(f"process {self.channel.process_index}: {self.manager.url}/{name}, which "
+            url = self.manager.storage.url
+            raise ResumableError(f"process {self.channel.process_index}: {url}/{name}, which "
                                  f"process 0 resumes from, cannot be read here ({e}); every process must "
                                  "see the same run folder") from e
 

@@ -381,24 +381,25 @@ def resume(
     if manager.damaged:
         callback.restore_nothing(manager.damaged)
     def adopt_newest() -> adopt.Adopted | None:
-        return adopt.load_newest(manager.url, build_model, strategy=strategy, distribution=distribution,
-                                 storage_options=callback.options.storage_options)
+        return adopt.load_newest(manager.storage.url, build_model, strategy=strategy,
+                                 distribution=distribution, storage_options=callback.options.storage_options)
 
     adopted = adopt_newest()
     if adopted is not None:
         _adopt_into(callback, adopted)
-        _say_once(adopted.line(printable(manager.url)) + (f" ({lease})" if lease else ""))
+        _say_once(adopted.line(printable(manager.storage.url)) + (f" ({lease})" if lease else ""))
         run = Run(adopted.model, callback, None, strategy, distribution, build_model, adopted=adopt_newest)
         run._adopted_name = adopted.file.name
         return run
     if build_model is None:
         raise CheckpointNotFoundError(
-            f"{manager.url}: no checkpoint to resume from; pass build_model=<a function returning "
+            f"{manager.storage.url}: no checkpoint to resume from; pass build_model=<a function returning "
             "the compiled model> to start the run"
         )
     with topology.scope(strategy, distribution):
         model = loading.build(build_model)
-    _say_once(f"resumable: starting a new run in {printable(manager.url)}" + (f" ({lease})" if lease else ""))
+    _say_once(f"resumable: starting a new run in {printable(manager.storage.url)}"
+              + (f" ({lease})" if lease else ""))
     return Run(model, callback, None, strategy, distribution, build_model)
 
 
@@ -416,7 +417,8 @@ def _resumed_line(callback: CheckpointCallback, info: CheckpointInfo, lease: str
     value = info.metrics.get(callback.monitor) if callback.monitor else None
     metric = f" ({callback.monitor} {value:.4g})" if isinstance(value, (int, float)) else ""
     batch = f", batch {callback.resume_batch + 1}" if callback.resume_batch else ""
-    line = (f"resumable: resumed {callback.manager.url} from {info.name}{metric}: training continues at "
+    url = callback.manager.storage.url
+    line = (f"resumable: resumed {url} from {info.name}{metric}: training continues at "
             f"epoch {callback.epochs_done + 1}{batch}")
     notes = "; ".join(note for note in (_other_backend(info), lease) if note)
     return printable(line) + (f" ({notes})" if notes else "")

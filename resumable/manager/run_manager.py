@@ -24,25 +24,22 @@ their manifests. The commit protocol itself lives in `resumable.storage.commit`.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import logging
 import shutil
 import tempfile
-from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from resumable.core.manifest import Manifest
 from resumable.core.naming import DEFAULT_TEMPLATE
 from resumable.core.policy import Retention
-from resumable.manager.job_commit import DEFAULT_BARRIER_TIMEOUT, JobChannel, JobCommit
-from resumable.manager.listener import Files, SaveListener
+from resumable.manager.job_commit import JobCommit
+from resumable.manager.listener import SaveListener
 from resumable.manager.run_reader import PrunePlan, RunReader
 from resumable.manager.run_writer import RunWriter, WriterOptions
-from resumable.manager.uploader import Uploader, check_when_behind
-from resumable.storage import CheckpointInfo, RunStorage
-from resumable.storage.lease import DEFAULT_TIMEOUT, Lease, LeaseInfo, check_timeout
+from resumable.manager.uploader import check_when_behind
+from resumable.storage import RunStorage
+from resumable.storage.lease import DEFAULT_TIMEOUT, LeaseInfo, check_timeout
 
 logger = logging.getLogger("resumable")
 
@@ -121,10 +118,6 @@ class RunManager(RunReader):
         return f"RunManager({self.storage.url!r}, lease held={held})"
 
     @property
-    def url(self) -> str:
-        return self.storage.url
-
-    @property
     def writer(self) -> RunWriter:
         """The run folder's writer, built on first use: the lease (the storage fenced by it from
         then on) and the uploader. Reading never builds it."""
@@ -145,25 +138,11 @@ class RunManager(RunReader):
             self._writer.listener = listener
 
     @property
-    def lease(self) -> Lease:
-        """The writer lease (building the writer)."""
-        return self.writer.lease
-
-    @property
-    def uploader(self) -> Uploader:
-        """The background uploader (building the writer)."""
-        return self.writer.uploader
-
-    @property
     def job(self) -> JobCommit | None:
         """#36: set once every process of a multi-host job writes its part (`every_process_writes`)."""
         return self._writer.job if self._writer is not None else None
 
     # ------------------------------------------------------------------ the writer lease
-
-    def acquire(self) -> None:
-        """Become the run folder's only writer (LeaseHeldError naming the holder), renewed until `release`."""
-        self.writer.acquire()
 
     def check_lease(self) -> None:
         """LeaseLostError once a renewal found the lease taken over. Costs nothing."""
@@ -179,53 +158,11 @@ class RunManager(RunReader):
         """Another live process that holds the lease (`acquire` would fail), or None. Reads only."""
         return None if self.takeover else super().blocking_writer()
 
-    def writing(self, *, force: bool = False) -> contextlib.AbstractContextManager[LeaseInfo | None]:
-        """Hold the lease for a one-off change such as pruning.
-
-        Yields None while holding it. Another live writer raises LeaseHeldError; with ``force``
-        the body runs anyway, without taking that writer's lease, and gets its holder.
-        """
-        return self.writer.writing(force=force)
-
     # ------------------------------------------------------------------ saving
-
-    def every_process_writes(self, channel: JobChannel, timeout: float = DEFAULT_BARRIER_TIMEOUT) -> None:
-        """#36: a multi-host job whose variables no one process holds whole: from now on every
-        process uploads its own files of each checkpoint and process 0 commits them
-        (`job_commit.JobCommit`). The processes must agree on which checkpoints they commit: none
-        is skipped (when_behind='wait'), and one that failed is dropped on every process, never
-        tried again."""
-        self.writer.every_process_writes(channel, timeout)
-
-    def stage(self, name: str, *, drop_cached: bool = True) -> Path:
-        """An empty local folder to write checkpoint ``name`` into before `submit`.
-
-        Waits for an upload of the same name still in flight (a re-run epoch) and deletes the
-        local copy of the last committed checkpoint first (this save replaces it), unless
-        ``drop_cached`` is False: a `submit` with ``write`` deletes it in the uploader's thread,
-        before writing, so that training does not wait for that delete either.
-        """
-        return self.writer.stage(name, drop_cached=drop_cached)
 
     def discard(self, folder: Path) -> None:
         """Delete a staged folder that will not be submitted (a save that failed)."""
         shutil.rmtree(folder, ignore_errors=True)
-
-    def serializing(self) -> contextlib.AbstractContextManager[None]:
-        """Hold the upload in flight while the caller writes a staged folder (what training waits for)."""
-        return self.writer.uploader.paused()
-
-    def submit(self, folder: Path, name: str, manifest: Manifest, *, files: Files | None = None) -> None:
-        """Commit a staged folder as ``name``: in the background, or now with ``async_upload=False``.
-
-        ``files`` (`listener.Files`): written first by the save job, in the uploader's thread
-        when in the background (a checkpoint held in memory: training does not wait for its
-        files). In a local run (Drive's mount included) straight into the checkpoint's folder
-        in the run, the commit then only syncing them and writing the manifest
-        (`writes_in_place`, `commits.InPlace`); elsewhere, and for a process's part of a
-        multi-host job's checkpoint, into ``folder``, uploaded next.
-        """
-        self.writer.submit(folder, name, manifest, files=files)
 
     @property
     def writes_in_place(self) -> bool:
@@ -258,28 +195,6 @@ class RunManager(RunReader):
     # ------------------------------------------------------------------ what a resume learned
 
     # ------------------------------------------------------------------ retention and pruning
-
-    def prune(self, doomed: Sequence[CheckpointInfo], *, progress: Callable[[Sequence[CheckpointInfo]],
-              Iterable[CheckpointInfo]] | None = None, tolerant: bool = False) -> list[str]:
-        """Delete checkpoints a `PrunePlan` dooms; the caller holds the lease (`acquire`, `writing`).
-
-        Never deletes once the lease was taken over. ``tolerant``: a failed delete is a warning
-        (it only costs space; training goes on) instead of an error. Returns the names deleted.
-        """
-        return self.writer.prune(doomed, progress=progress, tolerant=tolerant)
-
-    def delete_every_checkpoint(self) -> None:
-        """Delete every checkpoint, then the run index (BackupAndRestore's ``delete_checkpoint``).
-
-        Each delete goes through the storage's fenced path: the lease is read afresh first, and
-        nothing is deleted once another process took the run over. A local run folder left
-        empty is removed too (files of others in it are let be).
-        """
-        self.writer.delete_every_checkpoint()
-
-    def apply_retention(self) -> None:
-        """After a commit: delete what ``retention`` drops, never the checkpoint just committed."""
-        self.writer.apply_retention()
 
     # ------------------------------------------------------------------ reading
 

@@ -247,18 +247,18 @@ def test_run_manager_commits_in_order_and_only_process_0_applies_retention(tmp_p
                            process_index=i) for i in range(2)]
     reported: list[list[str]] = [[], []]
     for i, manager in enumerate(managers):
-        manager.every_process_writes(group[i], timeout=10)
+        manager.writer.every_process_writes(group[i], timeout=10)
         manager.listener = SimpleNamespace(committed=lambda info, i=i: reported[i].append(info.name),
                                            skipped=print)
-        assert manager.uploader.when_behind == "wait"  # no process skips a checkpoint the others commit
+        assert manager.writer.uploader.when_behind == "wait"  # no process skips one the others commit
         assert not manager.writes_in_place  # a local run, yet each process's part is staged, then uploaded
-    managers[0].acquire()
+    managers[0].writer.acquire()
 
     def train(i: int) -> None:
         for epoch in (1, 2, 3):
             name = f"ckpt-{epoch:06d}"
-            folder = managers[i].stage(name)
-            managers[i].submit(folder, name, Manifest(epoch=epoch),
+            folder = managers[i].writer.stage(name)
+            managers[i].writer.submit(folder, name, Manifest(epoch=epoch),
                                files=SimpleNamespace(write=lambda f, root, i=i: part(f, i)))
         managers[i].wait()
 
@@ -277,8 +277,8 @@ def test_a_failed_round_is_dropped_on_every_process_never_retried(tmp_path: Path
     group = channels(2)
     managers = [RunManager(url, staging_dir=tmp_path / f"s{i}", process_index=i) for i in range(2)]
     for i, manager in enumerate(managers):
-        manager.every_process_writes(group[i], timeout=10)
-    managers[0].acquire()
+        manager.writer.every_process_writes(group[i], timeout=10)
+    managers[0].writer.acquire()
 
     def write(folder: Path, i: int, epoch: int) -> None:
         if i == 1 and epoch in (1, 3):  # process 1 cannot write its part of epochs 1 and 3
@@ -289,8 +289,8 @@ def test_a_failed_round_is_dropped_on_every_process_never_retried(tmp_path: Path
         errors = []
         for epoch in (1, 2, 3):
             name = f"ckpt-{epoch:06d}"
-            folder = managers[i].stage(name)
-            managers[i].submit(folder, name, Manifest(epoch=epoch),
+            folder = managers[i].writer.stage(name)
+            managers[i].writer.submit(folder, name, Manifest(epoch=epoch),
                                files=SimpleNamespace(write=lambda f, root, i=i, e=epoch: write(f, i, e)))
             try:
                 managers[i].wait()
@@ -306,7 +306,7 @@ def test_a_failed_round_is_dropped_on_every_process_never_retried(tmp_path: Path
     assert all(isinstance(r, list) for r in results), results
     for errors in results:  # each process is told of epochs 1 and 3, once each
         assert len(errors) == 2 and all("Input/output error" in e for e in errors), errors
-    assert [m.uploader.committed for m in managers] == [["ckpt-000002"]] * 2  # none retried, none skipped
+    assert [m.writer.uploader.committed for m in managers] == [["ckpt-000002"]] * 2  # none retried, none skipped
     assert [c.name for c in RunStorage(url).list() if c.ok] == ["ckpt-000002"]
 
 

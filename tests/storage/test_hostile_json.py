@@ -266,12 +266,12 @@ def test_a_hostile_index_is_ignored_rebuilt_and_never_stops_retention(run: Path,
     # The next commit mends the index from the manifests; retention deletes as planned.
     manager = RunManager(str(run), staging_dir=run.parent / "staging", async_upload=False,
                          retention=Retention(keep_last=2))
-    manager.acquire()
+    manager.writer.acquire()
     try:
-        stage = manager.stage(HOSTILE)
+        stage = manager.writer.stage(HOSTILE)
         stage.mkdir(parents=True)
         (stage / "model.keras").write_bytes(MODEL)
-        manager.submit(stage, HOSTILE, manifest(4))
+        manager.writer.submit(stage, HOSTILE, manifest(4))
     finally:
         manager.release()
     assert [i.name for i in storage.list()] == ["ckpt-000003", HOSTILE]
