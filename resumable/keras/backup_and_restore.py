@@ -117,7 +117,7 @@ class BackupAndRestore(CheckpointCallback):
     @property
     def _last_batch_seen(self) -> int:
         """The last batch seen in the current epoch, 0 between epochs (Keras' attribute)."""
-        seen = self.batches_in_epoch
+        seen = self.position.batches_in_epoch
         return seen - 1 if seen else 0
 
     def _backup_file(self, index: int, rel: str) -> str:
@@ -171,7 +171,7 @@ class BackupAndRestore(CheckpointCallback):
                 print(f"resumable: restored {info.url} (epoch {info.epoch})")
         else:
             if self.manager.damaged:
-                self.restore_nothing(self.manager.damaged)
+                self.manager.resumed_from(None, self.manager.damaged)
             compat.set_fit_initial_epoch(model, None)
         super().on_train_begin(logs)
 

@@ -179,21 +179,6 @@ class CheckpointCallback(OptionAttributes, keras.callbacks.Callback):
         return self.manager.storage
 
     @property
-    def staging_dir(self) -> Path:
-        """The local folder for staging and the download cache."""
-        return self.manager.staging_dir
-
-    @property
-    def last_checkpoint(self) -> CheckpointInfo | None:
-        """The newest checkpoint this run committed or resumed from."""
-        return self.manager.last_checkpoint
-
-    @property
-    def last_saved_step(self) -> int | None:
-        """The optimizer step of the newest checkpoint this run saved or resumed from."""
-        return self.builder.last_saved_step
-
-    @property
     def restored(self) -> CheckpointInfo | None:
         """The checkpoint this run was restored from, or None."""
         return self.restored_state.checkpoint
@@ -202,11 +187,6 @@ class CheckpointCallback(OptionAttributes, keras.callbacks.Callback):
     def resume_batch(self) -> int:
         """The batch the restored checkpoint was taken at, in its epoch (0: an epoch end)."""
         return self.restored_state.batch
-
-    @property
-    def batches_in_epoch(self) -> int:
-        """Batches of the current epoch done, restored ones included; 0 between epochs."""
-        return self.position.batches_in_epoch
 
     @property
     def best(self) -> float | None:
@@ -261,10 +241,6 @@ class CheckpointCallback(OptionAttributes, keras.callbacks.Callback):
             self.best = float(best)
         self.builder.last_saved_step = step
 
-    def restore_nothing(self, damaged: set[str]) -> None:
-        """A new run in a folder whose only checkpoints are damaged: training replaces them."""
-        self.manager.resumed_from(None, damaged)
-
     # ------------------------------------------------------------------ Keras hooks
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
@@ -282,7 +258,8 @@ class CheckpointCallback(OptionAttributes, keras.callbacks.Callback):
 
     @gives_lease_back_on_error
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-        self.print_lines()  # before Keras' "Epoch N/M" header (its progress bar runs after this callback)
+        # before Keras' "Epoch N/M" header (its progress bar runs after this callback)
+        self.lines.print_lines()
         self.save_owed()
         self.position.stop_if_asked()
         if self.position.first_epoch:
@@ -293,11 +270,11 @@ class CheckpointCallback(OptionAttributes, keras.callbacks.Callback):
     @gives_lease_back_on_error
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         step = self.position.batch_ends(batch, self.restored_state.batch_offset)
-        self.add_resumed_metrics()
+        self.restored_state.add_metrics(self.model)
         self.position.stop_if_asked()
         self.manager.check_lease()  # taken over by another process (found by a renewal): stop training
         if (self.params or {}).get("verbose") not in (1, "auto"):
-            self.print_lines()  # no progress bar to break
+            self.lines.print_lines()  # no progress bar to break
         steps = (self.params or {}).get("steps")
         if steps is not None and batch + 1 >= steps:
             return  # the epoch-end save follows
@@ -333,17 +310,8 @@ class CheckpointCallback(OptionAttributes, keras.callbacks.Callback):
         try:
             self.wait_for_uploads()
         finally:
-            self.print_lines(fit_ended=True)
-            self.release_lease()
-
-    def lease_note(self) -> str | None:
-        """What fit does with another process' writer lease, for `resume`'s line (warning at once
-        when a live one would stop fit): `FitLease.lease_note`."""
-        return self.fit_lease.lease_note()
-
-    def release_lease(self) -> None:
-        """Give the run folder's writer lease back (at train end; `Run.fit` after an exception)."""
-        self.manager.release()
+            self.lines.print_lines(fit_ended=True)
+            self.manager.release()
 
     def wait_for_uploads(self, timeout: float | None = None) -> bool:
         """Block until the checkpoints saved so far are committed (or ``timeout`` seconds pass).
@@ -353,11 +321,6 @@ class CheckpointCallback(OptionAttributes, keras.callbacks.Callback):
         Returns False on timeout.
         """
         return self.manager.wait(timeout)
-
-    def add_resumed_metrics(self, logs: dict[str, Any] | None = None) -> None:
-        """Add a resumed epoch's saved metric totals, and correct ``logs``, once its first batch
-        built the metrics (`RestoredState.add_metrics`)."""
-        self.restored_state.add_metrics(self.model, logs)
 
     # ------------------------------------------------------------------ saving
 
@@ -383,7 +346,7 @@ class CheckpointCallback(OptionAttributes, keras.callbacks.Callback):
         """Save the model at the current step, ``batch`` batches into epoch ``epochs_done`` + 1 (0:
         at the end of epoch ``epochs_done``), if the schedule keeps it."""
         step = training_state.iterations(self.model)
-        if batch and step == self.last_saved_step:
+        if batch and step == self.builder.last_saved_step:
             return  # never two checkpoints of the same state
         if not self.schedule.keeps(self.epochs_done, logs, mid_epoch=batch > 0):
             return
@@ -391,7 +354,7 @@ class CheckpointCallback(OptionAttributes, keras.callbacks.Callback):
         if not self.is_chief() and self.manager.job is None:  # #36: in a split job every process saves
             return
         if batch:
-            self.add_resumed_metrics()  # the epoch's metric totals go into the checkpoint
+            self.restored_state.add_metrics(self.model)  # the epoch's metric totals go into the checkpoint
         progress = Progress(epochs_done=self.epochs_done, best=self.best, stopped_early=self.stopped_early,
                             epochs_planned=(self.params or {}).get("epochs"),
                             history=self.history[: self.epochs_done])
@@ -401,10 +364,6 @@ class CheckpointCallback(OptionAttributes, keras.callbacks.Callback):
         if inputs is not None:  # where the inputs stand at the newest checkpoint, for a later run.fit
             self.restored_state.inputs = inputs
         self.schedule.restart_clock()  # the interval counts training, not saving (nor a full disk)
-
-    def print_lines(self, *, fit_ended: bool = False) -> None:
-        """Print the commit lines waiting for the training thread; ``fit_ended``: print later ones at once."""
-        self.lines.print_lines(fit_ended=fit_ended)
 
     def is_chief(self) -> bool:
         """Whether this process writes the run folder (process 0 of a distributed job)."""

@@ -100,7 +100,8 @@ class Witness(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         self.owner.position.witnessed = ("batch", batch, logs)
-        self.owner.add_resumed_metrics(logs)  # the others then see the epoch's running metrics
+        # the others then see the epoch's running metrics
+        self.owner.restored_state.add_metrics(self.owner.model, logs)
 
 
 def save_interrupted(callback: CheckpointCallback) -> str | None:
@@ -123,7 +124,7 @@ def save_interrupted(callback: CheckpointCallback) -> str | None:
         return None
     step = training_state.iterations(model)
     batch = position.batch_at(step)
-    if batch <= 0 or step == callback.last_saved_step:
+    if batch <= 0 or step == callback.builder.last_saved_step:
         return None
     steps = (callback.params or {}).get("steps")
     if steps is not None and batch >= steps + callback.restored_state.batch_offset:

@@ -154,7 +154,7 @@ class Run:
         finally:
             self.callback.callbacks = None
             self.callback.feed = None
-            self.callback.release_lease()  # Keras skips on_train_end when an exception leaves fit
+            self.callback.manager.release()  # Keras skips on_train_end when an exception leaves fit
         self._finish_uploads(quiet=False)
         if stops.received is not None:  # the signal came after the last batch: act on it now
             raise SystemExit(128 + signal.SIGTERM) if stops.received == signal.SIGTERM else KeyboardInterrupt
@@ -225,7 +225,7 @@ class Run:
 
     def _interrupted(self, error: BaseException, stops: StopSignals) -> None:
         """After an exception left model.fit: save an interrupt's state, wait for uploads, say where."""
-        self.callback.print_lines(fit_ended=True)
+        self.callback.lines.print_lines(fit_ended=True)
         compat.flush_tensorboard(self.callback.callbacks or [])  # Keras skips their on_train_end
         interrupt = isinstance(error, KeyboardInterrupt) or (
             isinstance(error, SystemExit) and stops.handled == signal.SIGTERM
@@ -244,7 +244,7 @@ class Run:
         except Exception as e:  # noqa: BLE001 - never mask the interrupt
             note = f"could not save the interrupted state: {e}"
         self._finish_uploads(quiet=True)
-        latest = self.callback.last_checkpoint
+        latest = self.callback.manager.last_checkpoint
         where = f"{latest.url} (epoch {latest.epoch}" if latest else None
         if where and latest and latest.manifest is not None and latest.manifest.batch:
             where += f" + {latest.manifest.batch} batches"
@@ -263,11 +263,11 @@ class Run:
         if not self._fitted:
             return
         step = training_state.iterations(self.model)
-        saved = self.callback.last_saved_step or 0
+        saved = self.callback.builder.last_saved_step or 0
         if step == saved:
             return
         self._finish_uploads(quiet=True)
-        latest = self.callback.last_checkpoint
+        latest = self.callback.manager.last_checkpoint
         if latest is not None:
             local = self.callback.manager.fetch(latest)
             restore_checkpoint(self.callback, latest, local, loading.ReadOnce(), into=self.model,
@@ -370,7 +370,7 @@ def resume(
     callback.strategy = strategy
     manager = callback.manager
     # Before a download that fit would waste; only the process that will write says it.
-    lease = callback.lease_note() if topology.is_chief(None, strategy) else None
+    lease = callback.fit_lease.lease_note() if topology.is_chief(None, strategy) else None
     reads = loading.ReadOnce()
     loaded = load_newest(manager, build_model, strategy, distribution, callback.barrier_timeout, reads)
     if loaded is not None:
@@ -379,7 +379,7 @@ def resume(
         _say_once(_resumed_line(callback, info, lease))
         return Run(model, callback, info, strategy, distribution, build_model)
     if manager.damaged:
-        callback.restore_nothing(manager.damaged)
+        manager.resumed_from(None, manager.damaged)
     def adopt_newest() -> adopt.Adopted | None:
         return adopt.load_newest(manager.storage.url, build_model, strategy=strategy,
                                  distribution=distribution, storage_options=callback.options.storage_options)
