@@ -12,6 +12,7 @@ import keras
 from resumable.core.errors import ResumableError
 from resumable.core.naming import DEFAULT_TEMPLATE
 from resumable.keras import compat, multihost, topology, training_state
+from resumable.keras.carried_run import CarriedRun
 from resumable.keras.checkpoint_builder import CheckpointBuilder, Progress
 from resumable.keras.commit_lines import CommitLines
 from resumable.keras.fit_lease import FitLease, gives_lease_back_on_error
@@ -25,7 +26,7 @@ from resumable.manager.storage_names import DEFAULT_TIMEOUT, CheckpointInfo, Run
 logger = logging.getLogger("resumable")
 
 
-class CheckpointCallback(OptionAttributes, keras.callbacks.Callback):
+class CheckpointCallback(CarriedRun, OptionAttributes, keras.callbacks.Callback):
     """Save resumable checkpoints of a Keras model to a run folder, keeping the last and the best.
 
     Each checkpoint's files are written into the run folder (a local path, a Google Drive mount;
@@ -187,59 +188,6 @@ class CheckpointCallback(OptionAttributes, keras.callbacks.Callback):
     def resume_batch(self) -> int:
         """The batch the restored checkpoint was taken at, in its epoch (0: an epoch end)."""
         return self.restored_state.batch
-
-    @property
-    def best(self) -> float | None:
-        """The best value of ``monitor`` so far (None: none yet)."""
-        return self.schedule.best
-
-    @best.setter
-    def best(self, value: float | None) -> None:
-        self.schedule.best = value
-
-    def start_over(self) -> None:
-        """The run begins again from a new model (Run, after an exception, with nothing saved):
-        no epoch done, no history, the best as given at construction."""
-        self.epochs_done = 0
-        self.history = []
-        self.best = self.schedule.initial_best
-
-    def forget_run(self) -> None:
-        """Before a fit of a callback that serves several (BackupAndRestore): nothing restored, no
-        epoch done, no history, the best as given at construction; checkpoints found damaged stay so."""
-        self.restored_state.forget()
-        self.manager.resumed_from(None, self.manager.damaged)
-        self.start_over()
-        self.stopped_early = False
-        self.builder.last_saved_step = None
-
-    # ------------------------------------------------------------------ restoring (used by resume)
-
-    def restore(self, checkpoint: CheckpointInfo, state: dict[str, Any], arrays: dict[str, Any],
-                damaged: set[str] | None = None) -> None:
-        """Carry the state of a restored checkpoint: epochs done, best, history, other callbacks.
-
-        ``damaged`` names newer checkpoints that failed verification; training replaces them.
-        """
-        manifest = checkpoint.manifest
-        assert manifest is not None
-        self.restored_state.take(checkpoint, state, arrays)
-        self.manager.resumed_from(checkpoint, set(damaged or ()))
-        self.epochs_done = manifest.epoch
-        self.history = [{k: float(v) for k, v in logs.items()} for logs in state.get("history", [])]
-        self.schedule.restore_best(state.get("best"), self.history, state.get("monitor"), state.get("mode"),
-                                   source=checkpoint.url)
-        self.stopped_early = bool(state.get("stopped_early", False))
-        self.builder.last_saved_step = manifest.step
-
-    def adopt(self, epochs_done: int, step: int, best: float | None, monitor: str | None) -> None:
-        """Continue from a model file the folder held before its first checkpoint (`adopt`): its
-        epochs done, and the best value its record kept when it monitored the same metric."""
-        self.epochs_done = epochs_done
-        self.history = [{} for _ in range(epochs_done)]  # epoch k's logs at index k, as a resumed run's
-        if best is not None and monitor == self.monitor:
-            self.best = float(best)
-        self.builder.last_saved_step = step
 
     # ------------------------------------------------------------------ Keras hooks
 

@@ -25,7 +25,7 @@ from resumable.core import user_warnings
 from resumable.core.errors import NoSpaceError
 from resumable.core.manifest import FileEntry, Manifest
 from resumable.keras import (
-    multihost,
+    multihost_parts,
     saving,
     snapshot,
     state_file,
@@ -125,10 +125,10 @@ class CheckpointBuilder:
         started = time.monotonic()
         logger.info("resumable: saving %s", name)
         staging = self.manager.writer.stage(name, drop_cached=False)  # dropped by the writer, or below
-        taken: snapshot.ModelSnapshot | multihost.PartSnapshot | None = None
+        taken: snapshot.ModelSnapshot | multihost_parts.PartSnapshot | None = None
         if self.manager.job is not None:  # #36: this process's part of a model split across processes
             with self.manager.writer.uploader.paused():
-                taken = multihost.snapshot(model, state=state, arrays=arrays)
+                taken = multihost_parts.snapshot(model, state=state, arrays=arrays)
         elif not self.options.save_trainable_only:
             with self.manager.writer.uploader.paused():
                 taken = saving.snapshot(model, weights_only=self.options.save_weights_only, state=state,
@@ -191,7 +191,7 @@ class SnapshotFiles:
     """A snapshot's files, written by the save job in the uploader's thread (the manager's
     `listener.Files`): a full disk said in one line, a half-written staging folder deleted."""
 
-    def __init__(self, taken: snapshot.ModelSnapshot | multihost.PartSnapshot, name: str,
+    def __init__(self, taken: snapshot.ModelSnapshot | multihost_parts.PartSnapshot, name: str,
                  builder: CheckpointBuilder) -> None:
         self.taken = taken
         self.name = name

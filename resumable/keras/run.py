@@ -17,11 +17,11 @@ from resumable.core.errors import (
     LeaseLostError,
     ResumableError,
 )
-from resumable.keras import adopt, compat, loading, topology, torch_backend, training_state
+from resumable.keras import adopt, loading, topology, torch_backend, training_state
 from resumable.keras.callback import CheckpointCallback
 from resumable.keras.continuity import csv_logs_continued, final_weights
 from resumable.keras.inputs import Feed
-from resumable.keras.interrupts import StopSignals, Witness, save_after_error, save_interrupted
+from resumable.keras.interrupts import StopSignals, Witness, after_fit_error, finish_uploads
 from resumable.keras.newest_checkpoint import load_newest
 from resumable.keras.positioning import rest_of_epoch
 from resumable.keras.restore import restore_checkpoint
@@ -129,7 +129,7 @@ class Run:
         # The feed first: before Keras creates an epoch's iterators, it brings the inputs to where
         # an unbroken run has them; checkpoints record their positions. The witness next sees each
         # epoch and batch end before the others: a later callback raising there cannot lose that
-        # checkpoint (see _interrupted).
+        # checkpoint (see interrupts.after_fit_error).
         feed = Feed(self.model, args, kwargs, epoch=self.initial_epoch, batch=self.callback.resume_batch,
                     saved=self.callback.restored_state.inputs)
         everything = [feed, Witness(self.callback)] + [c for c in own if c is not self.callback] + [
@@ -147,7 +147,7 @@ class Run:
                     # Interrupted (KeyboardInterrupt, SIGTERM, an error in a batch): Keras skips
                     # on_train_end, so save an interrupt's state and land the checkpoints before
                     # the exception goes on; never mask it.
-                    self._interrupted(e, stops)
+                    after_fit_error(self.callback, e, stops)
                     if isinstance(e, LeaseLostError):  # one line, not a traceback from deep inside fit
                         raise LeaseLostError(str(e)) from None
                     raise
@@ -155,7 +155,7 @@ class Run:
             self.callback.callbacks = None
             self.callback.feed = None
             self.callback.manager.release()  # Keras skips on_train_end when an exception leaves fit
-        self._finish_uploads(quiet=False)
+        finish_uploads(self.callback, quiet=False)
         if stops.received is not None:  # the signal came after the last batch: act on it now
             raise SystemExit(128 + signal.SIGTERM) if stops.received == signal.SIGTERM else KeyboardInterrupt
         return history
@@ -223,40 +223,6 @@ class Run:
             feed.fit_done()
         return _merge(histories, self.model)
 
-    def _interrupted(self, error: BaseException, stops: StopSignals) -> None:
-        """After an exception left model.fit: save an interrupt's state, wait for uploads, say where."""
-        self.callback.lines.print_lines(fit_ended=True)
-        compat.flush_tensorboard(self.callback.callbacks or [])  # Keras skips their on_train_end
-        interrupt = isinstance(error, KeyboardInterrupt) or (
-            isinstance(error, SystemExit) and stops.handled == signal.SIGTERM
-        )
-        if not stops.abandoned:
-            try:  # another callback raised before ours ran in that hook: save what Keras' would have
-                save_after_error(self.callback)
-            except Exception as e:  # noqa: BLE001 - never mask the exception
-                user_warnings.warn(f"resumable: could not save after the error: {e}")
-        if not interrupt or stops.abandoned:
-            self._finish_uploads(quiet=True)
-            return
-        note = None
-        try:
-            note = save_interrupted(self.callback)
-        except Exception as e:  # noqa: BLE001 - never mask the interrupt
-            note = f"could not save the interrupted state: {e}"
-        self._finish_uploads(quiet=True)
-        latest = self.callback.manager.last_checkpoint
-        where = f"{latest.url} (epoch {latest.epoch}" if latest else None
-        if where and latest and latest.manifest is not None and latest.manifest.batch:
-            where += f" + {latest.manifest.batch} batches"
-        if note:
-            message = f"resumable: {note}; the newest checkpoint is {where + ')' if where else 'none'}"
-        elif where:
-            message = f"resumable: interrupted; saved {where}); run the same code again to resume there"
-        else:
-            message = "resumable: interrupted before any checkpoint was saved"
-        print(message, flush=True)
-        logger.info("%s", message)
-
     def _roll_back_if_ahead(self) -> None:
         """After an exception ended an earlier fit of this Run mid-epoch, the model holds training
         no checkpoint has: go back to the newest checkpoint (or a new model), so no batch is trained twice."""
@@ -266,7 +232,7 @@ class Run:
         saved = self.callback.builder.last_saved_step or 0
         if step == saved:
             return
-        self._finish_uploads(quiet=True)
+        finish_uploads(self.callback, quiet=True)
         latest = self.callback.manager.last_checkpoint
         if latest is not None:
             local = self.callback.manager.fetch(latest)
@@ -294,17 +260,6 @@ class Run:
                    f"checkpoint; continuing from {where}")
         print(message, flush=True)
         logger.info("%s", message)
-
-    def _finish_uploads(self, quiet: bool) -> None:
-        try:
-            self.callback.wait_for_uploads()
-        except ResumableError as e:
-            if not quiet:
-                raise
-            if isinstance(e, LeaseLostError):  # said once, by the error that ends the fit
-                logger.info("resumable: %s", e)
-                return
-            user_warnings.warn(f"resumable: {e}")
 
     def _final_weights(self, callbacks: list[keras.callbacks.Callback]) -> str:
         """A run that is over: the model as an unbroken run ends it (EarlyStopping's best weights)."""

@@ -93,7 +93,7 @@ class Uploader:
         self.verbose = verbose
         # The worker thread runs one job at a time; its lock guards this uploader's state too.
         self._worker: Worker[SaveJob] = Worker("resumable-uploader", self._upload, first=self._retry_first,
-                                                 at_exit=self._wait_at_exit)
+                                                 at_exit=lambda: land_at_exit(self))
         self._cond = self._worker.cond
         self._failed: SaveJob | None = None  # kept on disk; retried by the next submit or wait
         self._error: BaseException | None = None  # why _failed failed
@@ -256,21 +256,6 @@ class Uploader:
             self._cond.notify_all()
         self._worker.close()
 
-    def _wait_at_exit(self) -> None:
-        """At interpreter exit, let pending uploads finish so the last checkpoint lands."""
-        pending = self.pending
-        if not pending:
-            return
-        print(f"resumable: finishing the upload of {', '.join(pending)} to {self.storage.url} before "
-              "exiting ...", file=sys.stderr, flush=True)
-        started = time.monotonic()
-        try:
-            self.wait(message=False)
-        except Exception as e:
-            print(f"resumable: upload to {self.storage.url} failed at exit: {e}", file=sys.stderr)
-        else:
-            print(f"resumable: uploaded in {time.monotonic() - started:.1f} s", file=sys.stderr, flush=True)
-
     # ----------------------------------------------------------------- the worker
 
     def _retry_pending(self) -> bool:
@@ -345,6 +330,22 @@ class Uploader:
         # A job written in place leaves a partial folder at most: the next commit clears it.
         if job.commit.stages:
             shutil.rmtree(job.staged, ignore_errors=True)
+
+
+def land_at_exit(uploader: Uploader) -> None:
+    """At interpreter exit, let pending uploads finish so the last checkpoint lands."""
+    pending = uploader.pending
+    if not pending:
+        return
+    print(f"resumable: finishing the upload of {', '.join(pending)} to {uploader.storage.url} before "
+          "exiting ...", file=sys.stderr, flush=True)
+    started = time.monotonic()
+    try:
+        uploader.wait(message=False)
+    except Exception as e:
+        print(f"resumable: upload to {uploader.storage.url} failed at exit: {e}", file=sys.stderr)
+    else:
+        print(f"resumable: uploaded in {time.monotonic() - started:.1f} s", file=sys.stderr, flush=True)
 
 
 def check_when_behind(when_behind: object) -> None:

@@ -201,11 +201,11 @@ def measure_save(model: Any) -> None:
     """What one save of this process's part costs in memory: taken, then written, as the callback does."""
     import tempfile
 
-    from resumable.keras import multihost
+    from resumable.keras import multihost_parts
 
     with tempfile.TemporaryDirectory() as folder:
         before = peak_reset()
-        part = multihost.snapshot(model, state={}, arrays={})
+        part = multihost_parts.snapshot(model, state={}, arrays={})
         held = part.nbytes
         part.write(Path(folder) / "part")
         print(f"MEMORY save={peak() - before} snapshot={held}", flush=True)
