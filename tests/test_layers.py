@@ -19,7 +19,7 @@ ALLOWED = {
     "core": set(),
     "storage": {"core"},
     "manager": {"core", "storage"},
-    "keras": {"core", "manager"},  # storage's names through manager/storage_names.py
+    "keras": {"core", "manager"},  # storage's names through the manager's public ones (manager/__init__.py)
     "cli": {"core", "storage", "manager"},
 }
 # The CLI's `demo` command trains a model as a user would (`import resumable`): it alone may

@@ -23,8 +23,8 @@ from resumable.core import user_warnings
 from resumable.keras import compat, loading, multihost, snapshot
 from resumable.keras.callback import CheckpointCallback
 from resumable.keras.restore import restore_checkpoint
+from resumable.manager import DEFAULT_TIMEOUT, CheckpointInfo
 from resumable.manager.job_commit import DEFAULT_BARRIER_TIMEOUT
-from resumable.manager.storage_names import DEFAULT_TIMEOUT, CheckpointInfo
 
 logger = logging.getLogger("resumable")
 

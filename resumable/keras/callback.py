@@ -20,8 +20,8 @@ from resumable.keras.fit_position import FitPosition
 from resumable.keras.inputs import Feed
 from resumable.keras.restored_state import RestoredState
 from resumable.keras.save_options import DEFAULT_SHARD_GIB, OptionAttributes, check_options
+from resumable.manager import DEFAULT_TIMEOUT, CheckpointInfo, RunStorage
 from resumable.manager.job_commit import DEFAULT_BARRIER_TIMEOUT
-from resumable.manager.storage_names import DEFAULT_TIMEOUT, CheckpointInfo, RunStorage
 
 logger = logging.getLogger("resumable")
 

@@ -22,8 +22,8 @@ if TYPE_CHECKING:
     from resumable.keras.restored_state import RestoredState
     from resumable.keras.save_options import SaveOptions
     from resumable.keras.save_schedule import SaveSchedule
+    from resumable.manager import CheckpointInfo
     from resumable.manager.run_manager import RunManager
-    from resumable.manager.storage_names import CheckpointInfo
 
 
 class CarriedRun:

@@ -37,8 +37,8 @@ from resumable.keras import (
 from resumable.keras.commit_lines import CommitLines, no_space_line
 from resumable.keras.inputs import Feed
 from resumable.keras.save_options import SaveOptions
+from resumable.manager import NO_SPACE_ERRNOS
 from resumable.manager.run_manager import RunManager
-from resumable.manager.storage_names import NO_SPACE_ERRNOS
 
 logger = logging.getLogger("resumable")
 

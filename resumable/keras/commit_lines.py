@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from resumable.core.display import human_size
-from resumable.manager.storage_names import CheckpointInfo, free_space
+from resumable.manager import CheckpointInfo, free_space
 
 
 class CommitLines:

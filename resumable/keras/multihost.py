@@ -43,9 +43,9 @@ from resumable.keras.multihost_parts import (
     model_variables,
 )
 from resumable.keras.snapshot import ARRAYS_FILE, STATE_FILE
+from resumable.manager import CheckpointInfo
 from resumable.manager.job_commit import all_gather, gather
 from resumable.manager.run_manager import RunManager
-from resumable.manager.storage_names import CheckpointInfo
 
 logger = logging.getLogger("resumable")
 

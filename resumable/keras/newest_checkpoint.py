@@ -15,8 +15,8 @@ from resumable.core import user_warnings
 from resumable.core.display import printable
 from resumable.core.errors import CorruptCheckpointError, ResumableError
 from resumable.keras import loading, multihost, topology
+from resumable.manager import CheckpointInfo
 from resumable.manager.run_manager import RunManager
-from resumable.manager.storage_names import CheckpointInfo
 
 logger = logging.getLogger("resumable")
 

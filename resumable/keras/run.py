@@ -25,7 +25,7 @@ from resumable.keras.interrupts import StopSignals, Witness, after_fit_error, fi
 from resumable.keras.newest_checkpoint import load_newest
 from resumable.keras.positioning import rest_of_epoch
 from resumable.keras.restore import restore_checkpoint
-from resumable.manager.storage_names import CheckpointInfo
+from resumable.manager import CheckpointInfo
 
 logger = logging.getLogger("resumable")
 
