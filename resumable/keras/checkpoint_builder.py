@@ -1,6 +1,6 @@
 """From a model and where its run stands to a checkpoint handed to the manager: the state
 (state.json), the summary (the manifest's ``state``), the model's snapshot or its files in a
-staging folder, and the manifest that `RunManager.submit` commits.
+staging folder, and the manifest that `RunWriter.submit` commits.
 
 Training waits only for a copy of the values into host memory; the files are written with the
 upload, in the background (`saving.snapshot`, written by `write_staged` in the uploader's
@@ -182,7 +182,7 @@ class CheckpointBuilder:
 
     def _write_folder(self, staging: Path) -> Path:
         """Where a snapshot's files are written: a local run's own folder (straight into the
-        checkpoint's folder: `RunManager.submit`), else ``staging``, uploaded from there. A split
+        checkpoint's folder: `commits.InPlace`), else ``staging``, uploaded from there. A split
         job's part (#36) is always staged: every process uploads its own, process 0 commits."""
         return Path(self.manager.storage.root) if self.manager.writes_in_place else staging
 

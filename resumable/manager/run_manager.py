@@ -1,22 +1,23 @@
 """`RunManager`: one run folder as its writer and its readers see it, without Keras.
 
-The Keras callback, `resume()` and the CLI all go through it. It is a reader
-(`run_reader.RunReader`) and, from the first write on, a writer (`run_writer.RunWriter`):
+The Keras callback, `resume()` and the CLI all go through it. It is a reader (it *is* a
+`run_reader.RunReader`: its reading methods are the manager's own) and, from the first write
+on, a writer (`writer`: a `run_writer.RunWriter`, used directly):
 
 - **reading**: the newest good checkpoint (`newest_good`), fetched and checked into a local
   cache (`fetch_newest`, `fetch`), or its big files still arriving while the caller loads the
   first of them (`arriving_newest`, `arrive`: `arrival.py`); what a resume learned (the
   checkpoint restored, the newer ones found damaged: `resumed_from`, `mark_damaged`);
-- **writing**: the writer lease (`acquire`, `release`), a staging folder per checkpoint
-  (`stage`), background or immediate commits (`submit`), the lease renewed right before each
-  commit, a damaged newer checkpoint replaced, retention after each commit;
-- **pruning**: `plan_pruning` + `prune`, the one code path for the callback's retention and
-  `resumable prune`.
+- **writing** (`writer.`): the writer lease (`acquire`; the manager's `release`), a staging
+  folder per checkpoint (`stage`), each save a job on the uploader's queue (`submit`: the
+  commit chosen once, `commits`), the lease renewed right before each commit, a damaged newer
+  checkpoint replaced, retention after each commit, the caller's `listener` told;
+- **pruning**: `plan_pruning` + `writer.prune`, the one code path for the callback's retention
+  and `resumable prune`.
 
 A resume that only reads builds no writer: no Lease, no Uploader, no thread, nothing written to
-the run folder. The writer is built at the first call that writes (`acquire`, `writing`,
-`stage`, `submit`, `prune`, `every_process_writes`, `delete_every_checkpoint`, ...; `lease`
-and `uploader` too), and fences the storage then, before any write.
+the run folder. The writer is built the first time `writer` is read, and fences the storage
+then, before any write.
 
 What a checkpoint holds is the caller's business: the manager moves folders of files and
 their manifests. The commit protocol itself lives in `resumable.storage.commit`.
@@ -58,9 +59,9 @@ class RunManager(RunReader):
 
     ```python
     manager = RunManager("gs://bucket/runs/exp1", retention=Retention(keep_last=3))
-    manager.acquire()                         # LeaseHeldError naming another live writer
-    folder = manager.stage("ckpt-000003")     # write the checkpoint's files here, then:
-    manager.submit(folder, "ckpt-000003", Manifest(epoch=3))  # uploads in the background
+    manager.writer.acquire()                      # LeaseHeldError naming another live writer
+    folder = manager.writer.stage("ckpt-000003")  # write the checkpoint's files here, then:
+    manager.writer.submit(folder, "ckpt-000003", Manifest(epoch=3))  # uploads in the background
     manager.release()                         # lands the uploads, gives the lease back
     ```
 

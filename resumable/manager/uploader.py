@@ -1,4 +1,11 @@
-"""`Uploader`: commit staged checkpoints in a background thread while training goes on.
+"""`Uploader`: the save jobs' one queue, run in a background thread while training goes on.
+
+Each save is one job (`commits.SaveJob`): the checkpoint's name and manifest, its files still
+in memory (`listener.Files`) or already in a staging folder, and its commit (`commits`: in
+place, staged, in parts). The worker runs a job in two steps, in order: `SaveJob.prepare` (a
+staged job's files written into its staging folder, the local copy of the last commit dropped
+first), then ``job.commit.run(job)`` (the protocol's steps); then ``on_commit`` (the writer's
+retention and listener).
 
 One worker thread and two slots: the job in flight and the job waiting. By default
 (``when_behind="skip"``) a newer job replaces the waiting one (whose staged folder is deleted):

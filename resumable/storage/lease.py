@@ -210,7 +210,7 @@ class Lease:
         back (`release`): nothing is written into a run another process may hold by now
         without taking the lease again (`RunWriter` does, for a commit retried once fit ended).
         A no-op while no lease was taken: a one-off write forced past a live writer
-        (`RunManager.writing(force=True)`).
+        (`RunWriter.writing(force=True)`).
         """
         with self._lock:
             self.check()
