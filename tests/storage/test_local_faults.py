@@ -157,7 +157,7 @@ def test_a_short_read_back_of_the_manifest_is_not_a_commit(
     storage: RunStorage, faults: LocalFaults, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The read-back after the write is what catches a write that was cut short silently."""
-    original = storage._committer._write_manifest.__func__  # type: ignore[attr-defined]
+    original = storage.committer._write_manifest.__func__  # type: ignore[attr-defined]
 
     def write_then_read_short(self: object, name: str, data: bytes) -> None:
         path = f"{storage.root}/{name}/{MANIFEST_NAME}"
@@ -174,7 +174,7 @@ def test_a_short_read_back_of_the_manifest_is_not_a_commit(
         finally:
             monkeypatch.setattr(storage._folder, "read", real_read)
 
-    monkeypatch.setattr(type(storage._committer), "_write_manifest", write_then_read_short)
+    monkeypatch.setattr(type(storage.committer), "_write_manifest", write_then_read_short)
     with pytest.raises(StorageError, match="did not land intact") as caught:
         commit(storage, tmp_path, "ckpt-000001", Manifest(epoch=1))
     one_line(caught.value)
