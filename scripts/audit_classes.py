@@ -318,7 +318,7 @@ def _(folder: Path, outcome: Any) -> None:
         far = dt.datetime(2099, 1, 1, tzinfo=dt.timezone.utc)
         hostile = lease.LeaseInfo(token="x", host=this_machine.HOST, pid=alive.pid, started=far, renewed=far,
                                   timeout=1.0, boot_id=this_machine.BOOT_ID)
-        storage.create_run_file(lease.LEASE_NAME, hostile.to_json())
+        storage.run_files.create_run_file(lease.LEASE_NAME, hostile.to_json())
         started = time.monotonic()
         with captured():
             try:

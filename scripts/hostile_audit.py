@@ -77,14 +77,14 @@ def case(name: str) -> Callable[[Case], Case]:
 
 def build_run(run: Path, staging: Path) -> None:
     manager = RunManager(str(run), staging_dir=staging, async_upload=False)
-    manager.acquire()
+    manager.writer.acquire()
     for epoch, name in enumerate(GOOD, start=1):
-        staged = manager.stage(name)
+        staged = manager.writer.stage(name)
         staged.mkdir(parents=True)
         (staged / "model.keras").write_bytes(bytes([epoch]) * 5000)
         (staged / "state.json").write_text(json.dumps({"epoch": epoch}))
-        manager.submit(staged, name, Manifest(epoch=epoch, step=epoch * 10, metrics={"loss": 1 / epoch},
-                                              versions={"keras": "3"}))
+        manager.writer.submit(staged, name, Manifest(epoch=epoch, step=epoch * 10,
+                                                     metrics={"loss": 1 / epoch}, versions={"keras": "3"}))
     manager.release()
 
 

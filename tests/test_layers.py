@@ -19,7 +19,7 @@ ALLOWED = {
     "core": set(),
     "storage": {"core"},
     "manager": {"core", "storage"},
-    "keras": {"core", "manager"},  # storage's names through manager/storage_names.py
+    "keras": {"core", "manager"},  # storage's names through the manager's public ones (manager/__init__.py)
     "cli": {"core", "storage", "manager"},
 }
 # The CLI's `demo` command trains a model as a user would (`import resumable`): it alone may
@@ -149,7 +149,7 @@ def private_uses(source: str, private: set[str]) -> list[str]:
 
 def test_only_the_callback_and_its_parts_touch_its_private_fields() -> None:
     # Run, resume's restore, BackupAndRestore (a subclass), the drop-ins and the signal handlers
-    # use the callback's public methods (restore, restore_nothing, forget_run, start_over, ...).
+    # use the callback's public methods (restore, forget_run, start_over, ...).
     private = callback_private_names()
     assert {"_siblings", "_last", "_start"} <= private
     found = {path.name: uses for path in sorted((PACKAGE / "keras").rglob("*.py"))

@@ -66,7 +66,8 @@ def run_prune(
             out("aborted: nothing deleted")
             return EXIT_OK
         with _writer_lease(manager, force):
-            manager.prune(doomed, progress=lambda some: progress(some, len(some), "deleting", unit="ckpt"))
+            manager.writer.prune(doomed, progress=lambda some: progress(some, len(some), "deleting",
+                                                                        unit="ckpt"))
     if as_json:
         out_json({
             "url": storage.url,
@@ -103,8 +104,8 @@ def _writer_lease(manager: RunManager, force: bool) -> Iterator[None]:
     it is about to build on. ``--force`` deletes anyway, without taking its lease away.
     """
     try:
-        with manager.writing(force=force) as other_writer:
-            if not manager.lease.held:
+        with manager.writer.writing(force=force) as other_writer:
+            if not manager.writer.lease.held:
                 who = other_writer.describe() if other_writer else "another process"
                 print(printable(f"warning: deleting while {who} writes this run"), file=sys.stderr)
             yield
@@ -115,7 +116,7 @@ def _writer_lease(manager: RunManager, force: bool) -> Iterator[None]:
 
 def _writer_busy(manager: RunManager, who: str) -> UsageError:
     return UsageError(
-        f"{manager.url} is being written by {who}; its callback prunes it. Stop that training "
+        f"{manager.storage.url} is being written by {who}; its callback prunes it. Stop that training "
         "first, or pass --force to delete anyway"
     )
 

@@ -25,7 +25,7 @@ from resumable.core import file_epochs, user_warnings
 from resumable.core.display import first_line, printable
 from resumable.core.errors import CheckpointNotFoundError, CorruptCheckpointError, ResumableError
 from resumable.keras import compat, loading, model_files, orbax_steps, topology
-from resumable.manager.storage_names import CORRUPT, ModelFile, RunFolder, list_model_files, split_url
+from resumable.manager import CORRUPT, ModelFile, RunFolder, list_model_files, split_url
 
 RESUMABLE_FILE = "a resumable.ModelCheckpoint file"
 KERAS_FILE = "a keras.callbacks.ModelCheckpoint file"

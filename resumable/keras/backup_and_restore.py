@@ -23,8 +23,8 @@ from resumable.core import user_warnings
 from resumable.keras import compat, loading, multihost, snapshot
 from resumable.keras.callback import CheckpointCallback
 from resumable.keras.restore import restore_checkpoint
+from resumable.manager import DEFAULT_TIMEOUT, CheckpointInfo
 from resumable.manager.job_commit import DEFAULT_BARRIER_TIMEOUT
-from resumable.manager.storage_names import DEFAULT_TIMEOUT, CheckpointInfo
 
 logger = logging.getLogger("resumable")
 
@@ -117,7 +117,7 @@ class BackupAndRestore(CheckpointCallback):
     @property
     def _last_batch_seen(self) -> int:
         """The last batch seen in the current epoch, 0 between epochs (Keras' attribute)."""
-        seen = self.batches_in_epoch
+        seen = self.position.batches_in_epoch
         return seen - 1 if seen else 0
 
     def _backup_file(self, index: int, rel: str) -> str:
@@ -171,7 +171,7 @@ class BackupAndRestore(CheckpointCallback):
                 print(f"resumable: restored {info.url} (epoch {info.epoch})")
         else:
             if self.manager.damaged:
-                self.restore_nothing(self.manager.damaged)
+                self.manager.resumed_from(None, self.manager.damaged)
             compat.set_fit_initial_epoch(model, None)
         super().on_train_begin(logs)
 
@@ -200,6 +200,7 @@ class BackupAndRestore(CheckpointCallback):
 
     def delete_backup(self) -> None:
         """Delete every backup, then the folder when nothing else is in it (Keras deletes the folder)."""
-        self.manager.delete_every_checkpoint()  # each delete, the index's included, after the lease check
+        # each delete, the index's included, after the lease check
+        self.manager.writer.delete_every_checkpoint()
 
 __all__ = ["BackupAndRestore"]

@@ -12,6 +12,7 @@ import keras
 from resumable.core.errors import ResumableError
 from resumable.core.naming import DEFAULT_TEMPLATE
 from resumable.keras import compat, multihost, topology, training_state
+from resumable.keras.carried_run import CarriedRun
 from resumable.keras.checkpoint_builder import CheckpointBuilder, Progress
 from resumable.keras.commit_lines import CommitLines
 from resumable.keras.fit_lease import FitLease, gives_lease_back_on_error
@@ -19,13 +20,13 @@ from resumable.keras.fit_position import FitPosition
 from resumable.keras.inputs import Feed
 from resumable.keras.restored_state import RestoredState
 from resumable.keras.save_options import DEFAULT_SHARD_GIB, OptionAttributes, check_options
+from resumable.manager import DEFAULT_TIMEOUT, CheckpointInfo, RunStorage
 from resumable.manager.job_commit import DEFAULT_BARRIER_TIMEOUT
-from resumable.manager.storage_names import DEFAULT_TIMEOUT, CheckpointInfo, RunStorage
 
 logger = logging.getLogger("resumable")
 
 
-class CheckpointCallback(OptionAttributes, keras.callbacks.Callback):
+class CheckpointCallback(CarriedRun, OptionAttributes, keras.callbacks.Callback):
     """Save resumable checkpoints of a Keras model to a run folder, keeping the last and the best.
 
     Each checkpoint's files are written into the run folder (a local path, a Google Drive mount;
@@ -152,8 +153,7 @@ class CheckpointCallback(OptionAttributes, keras.callbacks.Callback):
         # Lease, staging, uploads, commits and retention: this callback only decides when to save.
         self.manager = options.run_manager(topology.process_index())
         self.lines = CommitLines(bool(options.verbose))
-        self.manager.on_commit = self.lines.committed
-        self.manager.on_skipped = self.lines.say
+        self.manager.listener = self.lines  # each commit and each checkpoint skipped, told
         self.schedule = options.save_schedule()
         self.builder = CheckpointBuilder(options, self.manager, self.lines)
         self.fit_lease = FitLease(options, self.manager, self.lines)
@@ -180,21 +180,6 @@ class CheckpointCallback(OptionAttributes, keras.callbacks.Callback):
         return self.manager.storage
 
     @property
-    def staging_dir(self) -> Path:
-        """The local folder for staging and the download cache."""
-        return self.manager.staging_dir
-
-    @property
-    def last_checkpoint(self) -> CheckpointInfo | None:
-        """The newest checkpoint this run committed or resumed from."""
-        return self.manager.last_checkpoint
-
-    @property
-    def last_saved_step(self) -> int | None:
-        """The optimizer step of the newest checkpoint this run saved or resumed from."""
-        return self.builder.last_saved_step
-
-    @property
     def restored(self) -> CheckpointInfo | None:
         """The checkpoint this run was restored from, or None."""
         return self.restored_state.checkpoint
@@ -203,68 +188,6 @@ class CheckpointCallback(OptionAttributes, keras.callbacks.Callback):
     def resume_batch(self) -> int:
         """The batch the restored checkpoint was taken at, in its epoch (0: an epoch end)."""
         return self.restored_state.batch
-
-    @property
-    def batches_in_epoch(self) -> int:
-        """Batches of the current epoch done, restored ones included; 0 between epochs."""
-        return self.position.batches_in_epoch
-
-    @property
-    def best(self) -> float | None:
-        """The best value of ``monitor`` so far (None: none yet)."""
-        return self.schedule.best
-
-    @best.setter
-    def best(self, value: float | None) -> None:
-        self.schedule.best = value
-
-    def start_over(self) -> None:
-        """The run begins again from a new model (Run, after an exception, with nothing saved):
-        no epoch done, no history, the best as given at construction."""
-        self.epochs_done = 0
-        self.history = []
-        self.best = self.schedule.initial_best
-
-    def forget_run(self) -> None:
-        """Before a fit of a callback that serves several (BackupAndRestore): nothing restored, no
-        epoch done, no history, the best as given at construction; checkpoints found damaged stay so."""
-        self.restored_state.forget()
-        self.manager.resumed_from(None, self.manager.damaged)
-        self.start_over()
-        self.stopped_early = False
-        self.builder.last_saved_step = None
-
-    # ------------------------------------------------------------------ restoring (used by resume)
-
-    def restore(self, checkpoint: CheckpointInfo, state: dict[str, Any], arrays: dict[str, Any],
-                damaged: set[str] | None = None) -> None:
-        """Carry the state of a restored checkpoint: epochs done, best, history, other callbacks.
-
-        ``damaged`` names newer checkpoints that failed verification; training replaces them.
-        """
-        manifest = checkpoint.manifest
-        assert manifest is not None
-        self.restored_state.take(checkpoint, state, arrays)
-        self.manager.resumed_from(checkpoint, set(damaged or ()))
-        self.epochs_done = manifest.epoch
-        self.history = [{k: float(v) for k, v in logs.items()} for logs in state.get("history", [])]
-        self.schedule.restore_best(state.get("best"), self.history, state.get("monitor"), state.get("mode"),
-                                   source=checkpoint.url)
-        self.stopped_early = bool(state.get("stopped_early", False))
-        self.builder.last_saved_step = manifest.step
-
-    def adopt(self, epochs_done: int, step: int, best: float | None, monitor: str | None) -> None:
-        """Continue from a model file the folder held before its first checkpoint (`adopt`): its
-        epochs done, and the best value its record kept when it monitored the same metric."""
-        self.epochs_done = epochs_done
-        self.history = [{} for _ in range(epochs_done)]  # epoch k's logs at index k, as a resumed run's
-        if best is not None and monitor == self.monitor:
-            self.best = float(best)
-        self.builder.last_saved_step = step
-
-    def restore_nothing(self, damaged: set[str]) -> None:
-        """A new run in a folder whose only checkpoints are damaged: training replaces them."""
-        self.manager.resumed_from(None, damaged)
 
     # ------------------------------------------------------------------ Keras hooks
 
@@ -283,7 +206,8 @@ class CheckpointCallback(OptionAttributes, keras.callbacks.Callback):
 
     @gives_lease_back_on_error
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-        self.print_lines()  # before Keras' "Epoch N/M" header (its progress bar runs after this callback)
+        # before Keras' "Epoch N/M" header (its progress bar runs after this callback)
+        self.lines.print_lines()
         self.save_owed()
         self.position.stop_if_asked()
         if self.position.first_epoch:
@@ -296,11 +220,11 @@ class CheckpointCallback(OptionAttributes, keras.callbacks.Callback):
     @gives_lease_back_on_error
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         step = self.position.batch_ends(batch, self.restored_state.batch_offset)
-        self.add_resumed_metrics()
+        self.restored_state.add_metrics(self.model)
         self.position.stop_if_asked()
         self.manager.check_lease()  # taken over by another process (found by a renewal): stop training
         if (self.params or {}).get("verbose") not in (1, "auto"):
-            self.print_lines()  # no progress bar to break
+            self.lines.print_lines()  # no progress bar to break
         steps = (self.params or {}).get("steps")
         if steps is not None and batch + 1 >= steps:
             return  # the epoch-end save follows
@@ -336,17 +260,8 @@ class CheckpointCallback(OptionAttributes, keras.callbacks.Callback):
         try:
             self.wait_for_uploads()
         finally:
-            self.print_lines(fit_ended=True)
-            self.release_lease()
-
-    def lease_note(self) -> str | None:
-        """What fit does with another process' writer lease, for `resume`'s line (warning at once
-        when a live one would stop fit): `FitLease.lease_note`."""
-        return self.fit_lease.lease_note()
-
-    def release_lease(self) -> None:
-        """Give the run folder's writer lease back (at train end; `Run.fit` after an exception)."""
-        self.manager.release()
+            self.lines.print_lines(fit_ended=True)
+            self.manager.release()
 
     def wait_for_uploads(self, timeout: float | None = None) -> bool:
         """Block until the checkpoints saved so far are committed (or ``timeout`` seconds pass).
@@ -356,11 +271,6 @@ class CheckpointCallback(OptionAttributes, keras.callbacks.Callback):
         Returns False on timeout.
         """
         return self.manager.wait(timeout)
-
-    def add_resumed_metrics(self, logs: dict[str, Any] | None = None) -> None:
-        """Add a resumed epoch's saved metric totals, and correct ``logs``, once its first batch
-        built the metrics (`RestoredState.add_metrics`)."""
-        self.restored_state.add_metrics(self.model, logs)
 
     # ------------------------------------------------------------------ saving
 
@@ -386,7 +296,7 @@ class CheckpointCallback(OptionAttributes, keras.callbacks.Callback):
         """Save the model at the current step, ``batch`` batches into epoch ``epochs_done`` + 1 (0:
         at the end of epoch ``epochs_done``), if the schedule keeps it."""
         step = training_state.iterations(self.model)
-        if batch and step == self.last_saved_step:
+        if batch and step == self.builder.last_saved_step:
             return  # never two checkpoints of the same state
         if not self.schedule.keeps(self.epochs_done, logs, mid_epoch=batch > 0):
             return
@@ -394,7 +304,7 @@ class CheckpointCallback(OptionAttributes, keras.callbacks.Callback):
         if not self.is_chief() and self.manager.job is None:  # #36: in a split job every process saves
             return
         if batch:
-            self.add_resumed_metrics()  # the epoch's metric totals go into the checkpoint
+            self.restored_state.add_metrics(self.model)  # the epoch's metric totals go into the checkpoint
         progress = Progress(epochs_done=self.epochs_done, best=self.best, stopped_early=self.stopped_early,
                             epochs_planned=(self.params or {}).get("epochs"),
                             history=self.history[: self.epochs_done])
@@ -404,10 +314,6 @@ class CheckpointCallback(OptionAttributes, keras.callbacks.Callback):
         if inputs is not None:  # where the inputs stand at the newest checkpoint, for a later run.fit
             self.restored_state.inputs = inputs
         self.schedule.restart_clock()  # the interval counts training, not saving (nor a full disk)
-
-    def print_lines(self, *, fit_ended: bool = False) -> None:
-        """Print the commit lines waiting for the training thread; ``fit_ended``: print later ones at once."""
-        self.lines.print_lines(fit_ended=fit_ended)
 
     def is_chief(self) -> bool:
         """Whether this process writes the run folder (process 0 of a distributed job)."""

@@ -1,6 +1,6 @@
 """From a model and where its run stands to a checkpoint handed to the manager: the state
 (state.json), the summary (the manifest's ``state``), the model's snapshot or its files in a
-staging folder, and the manifest that `RunManager.submit` commits.
+staging folder, and the manifest that `RunWriter.submit` commits.
 
 Training waits only for a copy of the values into host memory; the files are written with the
 upload, in the background (`saving.snapshot`, written by `write_staged` in the uploader's
@@ -11,7 +11,6 @@ is one warning and training goes on.
 
 from __future__ import annotations
 
-import functools
 import logging
 import shutil
 import time
@@ -26,7 +25,7 @@ from resumable.core import user_warnings
 from resumable.core.errors import NoSpaceError
 from resumable.core.manifest import FileEntry, Manifest
 from resumable.keras import (
-    multihost,
+    multihost_parts,
     saving,
     snapshot,
     state_file,
@@ -38,8 +37,8 @@ from resumable.keras import (
 from resumable.keras.commit_lines import CommitLines, no_space_line
 from resumable.keras.inputs import Feed
 from resumable.keras.save_options import SaveOptions
+from resumable.manager import NO_SPACE_ERRNOS
 from resumable.manager.run_manager import RunManager
-from resumable.manager.storage_names import NO_SPACE_ERRNOS
 
 logger = logging.getLogger("resumable")
 
@@ -125,16 +124,16 @@ class CheckpointBuilder:
                           arrays: dict[str, Any], callback_states: dict[str, Any]) -> None:
         started = time.monotonic()
         logger.info("resumable: saving %s", name)
-        staging = self.manager.stage(name, drop_cached=False)  # dropped by the writer, or below
-        taken: snapshot.ModelSnapshot | multihost.PartSnapshot | None = None
+        staging = self.manager.writer.stage(name, drop_cached=False)  # dropped by the writer, or below
+        taken: snapshot.ModelSnapshot | multihost_parts.PartSnapshot | None = None
         if self.manager.job is not None:  # #36: this process's part of a model split across processes
-            with self.manager.serializing():
-                taken = multihost.snapshot(model, state=state, arrays=arrays)
+            with self.manager.writer.uploader.paused():
+                taken = multihost_parts.snapshot(model, state=state, arrays=arrays)
         elif not self.options.save_trainable_only:
-            with self.manager.serializing():
+            with self.manager.writer.uploader.paused():
                 taken = saving.snapshot(model, weights_only=self.options.save_weights_only, state=state,
                                         arrays=arrays, max_shard_size=self.options.max_shard_size)
-        write = functools.partial(self.write_staged, taken, name) if taken is not None else None
+        files = SnapshotFiles(taken, name, self) if taken is not None else None
         # said now, as a synchronous save would
         if taken is not None and not taken.fits_in(self._write_folder(staging)):
             self._no_room(name, None if self.manager.writes_in_place else self.manager.staging_dir)
@@ -150,32 +149,18 @@ class CheckpointBuilder:
             payload=payload,
         )
         self.lines.save_started = started
-        self.manager.submit(staging, name, manifest, write=write)
+        self.manager.writer.submit(staging, name, manifest, files=files)
         if self.options.async_upload:
             logger.info("resumable: staged %s in %.2f s; uploading in the background", name,
                         time.monotonic() - started)
-
-    def write_staged(self, taken: snapshot.ModelSnapshot | multihost.PartSnapshot, name: str, folder: Path,
-                     root: str | None) -> dict[str, FileEntry]:
-        """Write a snapshot's files into ``folder`` (below the run folder ``root``, or a staging
-        folder); each one's size and CRC32C as written (the uploader's thread, in the background)."""
-        try:
-            return taken.write(folder, root)
-        except OSError as e:
-            if root is None:
-                shutil.rmtree(folder, ignore_errors=True)  # half a checkpoint would only hold the space
-            if e.errno in NO_SPACE_ERRNOS:
-                staging = None if root is not None else self.manager.staging_dir
-                raise NoSpaceError(self._no_space_line(staging, name)) from e
-            raise
 
     def _serialize(self, model: keras.Model, staging: Path, name: str, state: dict[str, Any],
                    arrays: dict[str, Any]) -> str | None:
         """Save the model into ``staging`` while training waits; the payload file's name, or None
         (warned) when the disk is full."""
-        self.manager.uploader.drop_cached()  # Keras writes here now: the old copy goes first
+        self.manager.writer.uploader.drop_cached()  # Keras writes here now: the old copy goes first
         try:
-            with self.manager.serializing():
+            with self.manager.writer.uploader.paused():
                 return saving.save(model, staging, weights_only=self.options.save_weights_only, state=state,
                                    arrays=arrays, trainable_only=self.options.save_trainable_only,
                                    max_shard_size=self.options.max_shard_size)
@@ -189,17 +174,41 @@ class CheckpointBuilder:
     def _no_room(self, name: str, staging: Path | None) -> None:
         """The disk cannot hold checkpoint ``name`` (the staging folder's; None: the run folder's):
         one warning, training goes on."""
-        user_warnings.warn(f"resumable: {self._no_space_line(staging, name)}")
+        user_warnings.warn(f"resumable: {self.no_space_line(staging, name)}")
 
-    def _no_space_line(self, staging_dir: Path | None, name: str) -> str:
+    def no_space_line(self, staging_dir: Path | None, name: str) -> str:
         return no_space_line(name, self.manager.last_checkpoint, staging_dir=staging_dir,
                              root=self.manager.storage.root)
 
     def _write_folder(self, staging: Path) -> Path:
         """Where a snapshot's files are written: a local run's own folder (straight into the
-        checkpoint's folder: `RunManager.submit`), else ``staging``, uploaded from there. A split
+        checkpoint's folder: `commits.InPlace`), else ``staging``, uploaded from there. A split
         job's part (#36) is always staged: every process uploads its own, process 0 commits."""
         return Path(self.manager.storage.root) if self.manager.writes_in_place else staging
 
 
-__all__ = ["CheckpointBuilder", "Progress"]
+class SnapshotFiles:
+    """A snapshot's files, written by the save job in the uploader's thread (the manager's
+    `listener.Files`): a full disk said in one line, a half-written staging folder deleted."""
+
+    def __init__(self, taken: snapshot.ModelSnapshot | multihost_parts.PartSnapshot, name: str,
+                 builder: CheckpointBuilder) -> None:
+        self.taken = taken
+        self.name = name
+        self.builder = builder
+
+    def write(self, folder: Path, root: str | None) -> dict[str, FileEntry]:
+        """Write the snapshot's files into ``folder`` (below the run folder ``root``, or a staging
+        folder); each one's size and CRC32C as written."""
+        try:
+            return self.taken.write(folder, root)
+        except OSError as e:
+            if root is None:
+                shutil.rmtree(folder, ignore_errors=True)  # half a checkpoint would only hold the space
+            if e.errno in NO_SPACE_ERRNOS:
+                staging = None if root is not None else self.builder.manager.staging_dir
+                raise NoSpaceError(self.builder.no_space_line(staging, self.name)) from e
+            raise
+
+
+__all__ = ["CheckpointBuilder", "Progress", "SnapshotFiles"]

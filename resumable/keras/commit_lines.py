@@ -13,11 +13,12 @@ import time
 from pathlib import Path
 
 from resumable.core.display import human_size
-from resumable.manager.storage_names import CheckpointInfo, free_space
+from resumable.manager import CheckpointInfo, free_space
 
 
 class CommitLines:
-    """The commit and skip lines of one callback, held while a fit draws its progress bar."""
+    """The commit and skip lines of one callback, held while a fit draws its progress bar: the
+    callback's `resumable.manager.listener.SaveListener` (`committed`, `skipped`)."""
 
     def __init__(self, verbose: bool) -> None:
         self.verbose = verbose
@@ -41,6 +42,10 @@ class CommitLines:
         size = info.manifest.total_size if info.manifest else 0
         seconds = time.monotonic() - self.save_started
         self.say(f"{where}: saved {info.url} ({human_size(size)}, {seconds:.1f} s)")
+
+    def skipped(self, line: str) -> None:
+        """A checkpoint waiting for its upload was replaced by a newer one: the manager's line."""
+        self.say(line)
 
     def say(self, line: str) -> None:
         """Print ``line`` now, or while a fit runs at the next point where no progress bar is drawn."""

@@ -84,12 +84,13 @@ class FitLease:
                 "Invalid value for argument `save_trainable_only`. Received: save_trainable_only=True for a "
                 "model split across processes. Expected False: each process saves the parts it holds.")
         multihost.check_installed()
-        self.manager.every_process_writes(multihost.channel(self.manager.url), self.options.barrier_timeout)
+        self.manager.writer.every_process_writes(multihost.channel(self.manager.storage.url),
+                                                 self.options.barrier_timeout)
 
     def _take_run_folder(self, model: keras.Model, restored: str | None, epochs_done: int) -> int:
         """The writer's start: the lease, then the run folder checked (given back if that fails);
         the epochs done, which the other processes of a split job take from process 0."""
-        self.manager.acquire()
+        self.manager.writer.acquire()
         try:
             # Refuse to mix a new training run into a folder that already holds one.
             found = self.manager.check_continues(restored, training_state.iterations(model))
@@ -117,7 +118,7 @@ class FitLease:
                     f"({holder.describe()}); run.fit will stop with LeaseHeldError unless that process stops "
                     "or you pass takeover=True")
             return None  # another machine's silent lease: run.fit watches it, saying so
-        self.manager.lease.announced = holder.token
+        self.manager.writer.lease.announced = holder.token
         return f"taking over the writer lease {left}"
 
     def end_after_error(self) -> None:
@@ -129,7 +130,7 @@ class FitLease:
         """The notebook cell that ran this fit has ended: if an exception ended the fit (Keras
         then calls no on_train_end), land the uploads and give the lease back, as run.fit does."""
         self._cell_watched = False
-        if not (self.manager.lease.held and self._fit_in_main_thread):
+        if not (self.manager.writer.lease.held and self._fit_in_main_thread):
             return  # on_train_end or run.fit gave it back; or a fit in another thread still runs
         pending = self.manager.pending
         if pending:

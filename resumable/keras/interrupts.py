@@ -4,11 +4,13 @@ Colab's "stop cell" is a SIGINT; a VM being recycled may send SIGTERM first. Eit
 work since the last checkpoint is saved before training stops (`StopSignals`), or where the
 interrupt left the fit (`save_interrupted`). And an exception from another callback: `Witness`
 tells the checkpoint callback of each epoch and batch end first, so that the checkpoint of the
-hook the exception left is still saved (`save_after_error`).
+hook the exception left is still saved (`save_after_error`). After any exception left the fit
+(`after_fit_error`): those saves, the uploads waited for, one line saying where to resume.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import sys
@@ -18,10 +20,14 @@ from typing import TYPE_CHECKING, Any
 
 import keras
 
-from resumable.keras import training_state
+from resumable.core import user_warnings
+from resumable.core.errors import LeaseLostError, ResumableError
+from resumable.keras import compat, training_state
 
 if TYPE_CHECKING:
     from resumable.keras.callback import CheckpointCallback
+
+logger = logging.getLogger("resumable")
 
 
 class StopSignals:
@@ -100,7 +106,8 @@ class Witness(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         self.owner.position.witnessed = ("batch", batch, logs)
-        self.owner.add_resumed_metrics(logs)  # the others then see the epoch's running metrics
+        # the others then see the epoch's running metrics
+        self.owner.restored_state.add_metrics(self.owner.model, logs)
 
 
 def save_interrupted(callback: CheckpointCallback) -> str | None:
@@ -123,7 +130,7 @@ def save_interrupted(callback: CheckpointCallback) -> str | None:
         return None
     step = training_state.iterations(model)
     batch = position.batch_at(step)
-    if batch <= 0 or step == callback.last_saved_step:
+    if batch <= 0 or step == callback.builder.last_saved_step:
         return None
     steps = (callback.params or {}).get("steps")
     if steps is not None and batch >= steps + callback.restored_state.batch_offset:
@@ -149,4 +156,53 @@ def save_after_error(callback: CheckpointCallback) -> None:
     callback.save_owed()
 
 
-__all__ = ["StopSignals", "Witness", "save_after_error", "save_interrupted"]
+def after_fit_error(callback: CheckpointCallback, error: BaseException, stops: StopSignals) -> None:
+    """After an exception left model.fit: save an interrupt's state, wait for uploads, say where."""
+    callback.lines.print_lines(fit_ended=True)
+    compat.flush_tensorboard(callback.callbacks or [])  # Keras skips their on_train_end
+    interrupt = isinstance(error, KeyboardInterrupt) or (
+        isinstance(error, SystemExit) and stops.handled == signal.SIGTERM
+    )
+    if not stops.abandoned:
+        try:  # another callback raised before ours ran in that hook: save what Keras' would have
+            save_after_error(callback)
+        except Exception as e:  # noqa: BLE001 - never mask the exception
+            user_warnings.warn(f"resumable: could not save after the error: {e}")
+    if not interrupt or stops.abandoned:
+        finish_uploads(callback, quiet=True)
+        return
+    note = None
+    try:
+        note = save_interrupted(callback)
+    except Exception as e:  # noqa: BLE001 - never mask the interrupt
+        note = f"could not save the interrupted state: {e}"
+    finish_uploads(callback, quiet=True)
+    latest = callback.manager.last_checkpoint
+    where = f"{latest.url} (epoch {latest.epoch}" if latest else None
+    if where and latest and latest.manifest is not None and latest.manifest.batch:
+        where += f" + {latest.manifest.batch} batches"
+    if note:
+        message = f"resumable: {note}; the newest checkpoint is {where + ')' if where else 'none'}"
+    elif where:
+        message = f"resumable: interrupted; saved {where}); run the same code again to resume there"
+    else:
+        message = "resumable: interrupted before any checkpoint was saved"
+    print(message, flush=True)
+    logger.info("%s", message)
+
+
+def finish_uploads(callback: CheckpointCallback, quiet: bool) -> None:
+    """Wait for the uploads; ``quiet``: their error a warning (an exception already ends the fit)."""
+    try:
+        callback.wait_for_uploads()
+    except ResumableError as e:
+        if not quiet:
+            raise
+        if isinstance(e, LeaseLostError):  # said once, by the error that ends the fit
+            logger.info("resumable: %s", e)
+            return
+        user_warnings.warn(f"resumable: {e}")
+
+
+__all__ = ["StopSignals", "Witness", "after_fit_error", "finish_uploads", "save_after_error",
+           "save_interrupted"]

@@ -26,8 +26,8 @@ from absl import logging as absl_logging
 from resumable.core.errors import ResumableError
 from resumable.keras import compat, continuing_fit, legacy_h5, model_files, state_file, training_state
 from resumable.keras.model_files import load_model, load_weights, save_model, verify_file
+from resumable.manager import FileTarget, check_drive_mounted, split_url
 from resumable.manager.file_writer import FileJob, FileWriter
-from resumable.manager.storage_names import FileTarget, check_drive_mounted, split_url
 
 _counter = itertools.count()
 

@@ -24,7 +24,7 @@ from resumable.keras import legacy_h5
 from resumable.keras.saving import no_tensorflow_import
 from resumable.keras.state_file import jsonable
 from resumable.keras.training_state import iterations
-from resumable.manager.storage_names import FileRecord, FileTarget
+from resumable.manager import FileRecord, FileTarget
 
 MODEL_FILE_SUFFIXES = (".keras", ".weights.h5", *legacy_h5.LEGACY_SUFFIXES)
 

@@ -2,7 +2,7 @@
 
 Under ``keras.distribution.ModelParallel`` over the devices of several processes (a TPU pod
 slice, several GPU hosts), a variable's shards live on different hosts and process 0 cannot
-read the whole of it. Then every process writes what its devices hold (`shard_io`, with
+read the whole of it. Then every process writes what its devices hold (`multihost_parts`, `shard_io`, with
 TensorStore) and uploads it, and process 0 commits the one manifest once all have
 (`resumable.manager.job_commit`); on resume every process fetches, checks and reads only the
 parts its devices need under the current layout, whatever the mesh or the number of
@@ -23,36 +23,33 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import errno
 import functools
 import hashlib
-import json
 import logging
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import keras
-import numpy as np
 
 from resumable.core import safe_json
 from resumable.core.display import printable
 from resumable.core.errors import CheckpointMismatchError, CorruptCheckpointError, ResumableError
-from resumable.core.manifest import FileEntry
-from resumable.keras import jax_compat, loading, saving, shard_io, topology, training_state
-from resumable.keras.snapshot import ARRAYS_FILE, SPACE_MARGIN, STATE_FILE
+from resumable.keras import jax_compat, loading, shard_io, topology
+from resumable.keras.multihost_parts import (
+    FORMAT,
+    VARIABLES_FILE,
+    VARIABLES_FOLDER,
+    model_variables,
+)
+from resumable.keras.snapshot import ARRAYS_FILE, STATE_FILE
+from resumable.manager import CheckpointInfo
 from resumable.manager.job_commit import all_gather, gather
 from resumable.manager.run_manager import RunManager
-from resumable.manager.storage_names import CheckpointInfo
 
 logger = logging.getLogger("resumable")
 
-VARIABLES_FILE = "variables.json"
-VARIABLES_FOLDER = "variables"
 ZARRAY = ".zarray"
-FORMAT = "resumable.variables"
-FORMAT_VERSION = 1
 
 
 def split_across_processes(model: keras.Model | None) -> bool:
@@ -122,89 +119,6 @@ def channel(url: str) -> JaxChannel:
     return JaxChannel(f"resumable/{digest}/{_opened[url]}/")
 
 
-# ----------------------------------------------------------------------------- saving
-
-
-@dataclasses.dataclass
-class PartSnapshot:
-    """This process's part of a checkpoint, in host memory; `write` makes its files (as `ModelSnapshot`)."""
-
-    chief: bool
-    variables: list[shard_io.OwnedShards]
-    listing: dict[str, Any] | None = None  # variables.json: process 0's
-    state: dict[str, Any] | None = None  # state.json: process 0's
-    arrays: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
-    payload: str = VARIABLES_FILE
-    spent: bool = False  # written once: the shards' memory went as each variable landed on disk
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes held in memory: this process's shards (never a whole split variable) and arrays."""
-        return sum(v.nbytes for v in self.variables) + sum(int(a.nbytes) for a in self.arrays.values())
-
-    def fits_in(self, folder: Path) -> bool:
-        """Always True: no process of the job skips a save alone (the others would wait for its
-        part); a full disk fails `write`, and the round fails for every process."""
-        return True
-
-    def write(self, folder: Path, root: str | None = None) -> dict[str, FileEntry]:
-        """Write this process's files of the checkpoint into ``folder`` (created if needed), a staging
-        folder: TensorStore writes the chunks, so their CRC32Cs are taken as they are uploaded
-        (`RunStorage.upload_part`) and none is returned here. ``root`` must be None: a part is never
-        written into a run folder in place (`RunManager.writes_in_place`).
-
-        OSError(ENOSPC) before anything is written when the disk cannot hold them.
-        """
-        if root is not None:
-            raise ValueError(f"{folder}: a process's part of a checkpoint is staged, never written in place")
-        existing = folder
-        while not existing.exists() and existing.parent != existing:
-            existing = existing.parent
-        if self.spent:
-            raise ResumableError(f"{folder}: this part of a checkpoint was written once already")
-        if shutil.disk_usage(existing).free < self.nbytes + SPACE_MARGIN:
-            raise OSError(errno.ENOSPC, f"{self.nbytes + SPACE_MARGIN:,} bytes needed", str(folder))
-        self.spent = True
-        folder.mkdir(parents=True, exist_ok=True)
-        for i, owned in enumerate(self.variables):
-            shard_io.write(folder / VARIABLES_FOLDER / str(i), owned, create=self.chief)
-            owned.shards = []  # on disk: the memory goes now, not after the whole part
-        if self.chief:
-            (folder / VARIABLES_FILE).write_text(json.dumps(self.listing, indent=1))
-            (folder / STATE_FILE).write_text(json.dumps(self.state, indent=1))
-            if self.arrays:
-                np.savez(folder / ARRAYS_FILE, **self.arrays)  # type: ignore[arg-type]
-        return {}
-
-
-def snapshot(model: keras.Model, *, state: dict[str, Any], arrays: dict[str, np.ndarray]) -> PartSnapshot:
-    """This process's part of a checkpoint of ``model``, copied to host memory now (what training waits for).
-
-    Every process takes the shards of replica 0 its devices hold; process 0 also the listing,
-    ``state.json`` and the arrays (seed generator states, metrics, callbacks' arrays).
-    """
-    index = topology.process_index()
-    variables = _variables(model)
-    shard_io.start_transfers([v.value for v in variables], index)
-    owned = [shard_io.take(v.value, index) for v in variables]
-    if index != 0:
-        return PartSnapshot(False, owned)
-    listing = {"format": FORMAT, "format_version": FORMAT_VERSION, "processes": topology.process_count(),
-               "variables": [{"path": v.path, "shape": list(o.shape), "dtype": o.dtype}
-                             for v, o in zip(variables, owned, strict=True)]}
-    # Copies: a JAX step may donate the buffers these arrays view.
-    held = {key: np.array(value, copy=True)
-            for key, value in {**arrays, **training_state.seed_generator_arrays(model)}.items()}
-    return PartSnapshot(True, owned, listing, saving.checkpoint_state(model, state), held)
-
-
-def _variables(model: keras.Model) -> list[Any]:
-    """What a checkpoint of a split model holds as arrays: the weights, then the optimizer's variables."""
-    optimizer = getattr(model, "optimizer", None)
-    extra = list(optimizer.variables) if optimizer is not None and optimizer.built else []
-    return list(model.weights) + extra
-
-
 # ----------------------------------------------------------------------------- loading
 
 
@@ -230,7 +144,7 @@ def read_variables(model: keras.Model, folder: Path, where: str) -> None:
     """Each variable (weights, then the optimizer's) receives its saved values, read from
     ``folder`` for this process's devices only, laid out as the variable is now."""
     _build_optimizer(model)
-    variables = _variables(model)
+    variables = model_variables(model)
     check_listing(variables, read_listing(folder, where), where)
     import jax.numpy as jnp
 
@@ -282,7 +196,7 @@ def read_listing(folder: Path, where: str) -> list[dict[str, Any]]:
 
 def needed_files(model: keras.Model, folder: Path, info: CheckpointInfo) -> set[str]:
     """The chunk files this process's devices need of each variable, under its current layout."""
-    variables = _variables(model)
+    variables = model_variables(model)
     check_listing(variables, read_listing(folder, info.url), info.url)
     listed = len(info.manifest.files) if info.manifest is not None else 0
     needed: set[str] = set()
@@ -352,7 +266,7 @@ class JobResume:
     def __init__(self, manager: RunManager, *, timeout: float) -> None:
         self.manager = manager
         self.timeout = timeout
-        self.channel = channel(manager.url)
+        self.channel = channel(manager.storage.url)
         self._step = 0
 
     def newest_is_split(self) -> bool:
@@ -427,7 +341,8 @@ class JobResume:
         try:
             return self.manager.storage.get(name)
         except ResumableError as e:
-            raise ResumableError(f"process {self.channel.process_index}: {self.manager.url}/{name}, which "
+            url = self.manager.storage.url
+            raise ResumableError(f"process {self.channel.process_index}: {url}/{name}, which "
                                  f"process 0 resumes from, cannot be read here ({e}); every process must "
                                  "see the same run folder") from e
 
@@ -470,5 +385,5 @@ class JobResume:
                       processes=[0])[0]
 
 
-__all__ = ["PartSnapshot", "JaxChannel", "JobResume", "channel", "holds", "load_model", "snapshot",
+__all__ = ["JaxChannel", "JobResume", "channel", "holds", "load_model",
            "split_across_processes"]

@@ -15,8 +15,8 @@ from resumable.core import user_warnings
 from resumable.core.display import printable
 from resumable.core.errors import CorruptCheckpointError, ResumableError
 from resumable.keras import loading, multihost, topology
+from resumable.manager import CheckpointInfo
 from resumable.manager.run_manager import RunManager
-from resumable.manager.storage_names import CheckpointInfo
 
 logger = logging.getLogger("resumable")
 
@@ -81,7 +81,7 @@ def _follow_chief(manager: RunManager, found: tuple[CheckpointInfo, Path] | None
     index = topology.process_index()
     if chief[0] < 0:
         logger.warning("resumable: process %d: process 0 found no checkpoint in %s and starts the run anew; "
-                       "so does this process", index, manager.url)
+                       "so does this process", index, manager.storage.url)
         return None
     for info in manager.newest_first():
         if _position(info) == chief:
@@ -93,7 +93,8 @@ def _follow_chief(manager: RunManager, found: tuple[CheckpointInfo, Path] | None
                     "every process must see the same run folder"
                 ) from e
     raise ResumableError(
-        f"process {index}: {manager.url} has no checkpoint at epoch {chief[0]}, step {chief[1]}, which "
+        f"process {index}: {manager.storage.url} has no checkpoint at epoch {chief[0]}, step {chief[1]}, "
+        "which "
         "process 0 resumes from; every process must see the same run folder"
     )
 

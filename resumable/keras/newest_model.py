@@ -12,7 +12,7 @@ import keras
 from resumable.core.errors import CheckpointNotFoundError
 from resumable.keras import adopt
 from resumable.keras.model_files import MODEL_FILE_SUFFIXES
-from resumable.manager.storage_names import split_url
+from resumable.manager import split_url
 
 
 def load_newest_model(filepath: str | os.PathLike[str], *,

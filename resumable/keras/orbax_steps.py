@@ -31,7 +31,7 @@ from typing import Any
 import keras
 
 from resumable.core.display import first_line
-from resumable.manager.storage_names import RunFolder
+from resumable.manager import RunFolder
 
 KIND = "a keras.callbacks.OrbaxCheckpoint step"
 INSTALL = "pip install orbax-checkpoint"

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import keras
 
 from resumable.keras import loading, multihost
-from resumable.manager.storage_names import CheckpointInfo
+from resumable.manager import CheckpointInfo
 
 if TYPE_CHECKING:
     from resumable.keras.callback import CheckpointCallback

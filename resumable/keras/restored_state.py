@@ -18,7 +18,7 @@ import keras
 from resumable.core import user_warnings
 from resumable.keras import training_state
 from resumable.keras.inputs import describe, plain_fit_problem
-from resumable.manager.storage_names import CheckpointInfo
+from resumable.manager import CheckpointInfo
 
 logger = logging.getLogger("resumable")
 

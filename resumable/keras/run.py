@@ -17,15 +17,15 @@ from resumable.core.errors import (
     LeaseLostError,
     ResumableError,
 )
-from resumable.keras import adopt, compat, loading, topology, torch_backend, training_state
+from resumable.keras import adopt, loading, topology, torch_backend, training_state
 from resumable.keras.callback import CheckpointCallback
 from resumable.keras.continuity import csv_logs_continued, final_weights
 from resumable.keras.inputs import Feed
-from resumable.keras.interrupts import StopSignals, Witness, save_after_error, save_interrupted
+from resumable.keras.interrupts import StopSignals, Witness, after_fit_error, finish_uploads
 from resumable.keras.newest_checkpoint import load_newest
 from resumable.keras.positioning import rest_of_epoch
 from resumable.keras.restore import restore_checkpoint
-from resumable.manager.storage_names import CheckpointInfo
+from resumable.manager import CheckpointInfo
 
 logger = logging.getLogger("resumable")
 
@@ -129,7 +129,7 @@ class Run:
         # The feed first: before Keras creates an epoch's iterators, it brings the inputs to where
         # an unbroken run has them; checkpoints record their positions. The witness next sees each
         # epoch and batch end before the others: a later callback raising there cannot lose that
-        # checkpoint (see _interrupted).
+        # checkpoint (see interrupts.after_fit_error).
         feed = Feed(self.model, args, kwargs, epoch=self.initial_epoch, batch=self.callback.resume_batch,
                     saved=self.callback.restored_state.inputs,
                     epoch_rng=self.callback.restored_state.epoch_rng)
@@ -148,15 +148,15 @@ class Run:
                     # Interrupted (KeyboardInterrupt, SIGTERM, an error in a batch): Keras skips
                     # on_train_end, so save an interrupt's state and land the checkpoints before
                     # the exception goes on; never mask it.
-                    self._interrupted(e, stops)
+                    after_fit_error(self.callback, e, stops)
                     if isinstance(e, LeaseLostError):  # one line, not a traceback from deep inside fit
                         raise LeaseLostError(str(e)) from None
                     raise
         finally:
             self.callback.callbacks = None
             self.callback.feed = None
-            self.callback.release_lease()  # Keras skips on_train_end when an exception leaves fit
-        self._finish_uploads(quiet=False)
+            self.callback.manager.release()  # Keras skips on_train_end when an exception leaves fit
+        finish_uploads(self.callback, quiet=False)
         if stops.received is not None:  # the signal came after the last batch: act on it now
             raise SystemExit(128 + signal.SIGTERM) if stops.received == signal.SIGTERM else KeyboardInterrupt
         return history
@@ -224,51 +224,17 @@ class Run:
             feed.fit_done()
         return _merge(histories, self.model)
 
-    def _interrupted(self, error: BaseException, stops: StopSignals) -> None:
-        """After an exception left model.fit: save an interrupt's state, wait for uploads, say where."""
-        self.callback.print_lines(fit_ended=True)
-        compat.flush_tensorboard(self.callback.callbacks or [])  # Keras skips their on_train_end
-        interrupt = isinstance(error, KeyboardInterrupt) or (
-            isinstance(error, SystemExit) and stops.handled == signal.SIGTERM
-        )
-        if not stops.abandoned:
-            try:  # another callback raised before ours ran in that hook: save what Keras' would have
-                save_after_error(self.callback)
-            except Exception as e:  # noqa: BLE001 - never mask the exception
-                user_warnings.warn(f"resumable: could not save after the error: {e}")
-        if not interrupt or stops.abandoned:
-            self._finish_uploads(quiet=True)
-            return
-        note = None
-        try:
-            note = save_interrupted(self.callback)
-        except Exception as e:  # noqa: BLE001 - never mask the interrupt
-            note = f"could not save the interrupted state: {e}"
-        self._finish_uploads(quiet=True)
-        latest = self.callback.last_checkpoint
-        where = f"{latest.url} (epoch {latest.epoch}" if latest else None
-        if where and latest and latest.manifest is not None and latest.manifest.batch:
-            where += f" + {latest.manifest.batch} batches"
-        if note:
-            message = f"resumable: {note}; the newest checkpoint is {where + ')' if where else 'none'}"
-        elif where:
-            message = f"resumable: interrupted; saved {where}); run the same code again to resume there"
-        else:
-            message = "resumable: interrupted before any checkpoint was saved"
-        print(message, flush=True)
-        logger.info("%s", message)
-
     def _roll_back_if_ahead(self) -> None:
         """After an exception ended an earlier fit of this Run mid-epoch, the model holds training
         no checkpoint has: go back to the newest checkpoint (or a new model), so no batch is trained twice."""
         if not self._fitted:
             return
         step = training_state.iterations(self.model)
-        saved = self.callback.last_saved_step or 0
+        saved = self.callback.builder.last_saved_step or 0
         if step == saved:
             return
-        self._finish_uploads(quiet=True)
-        latest = self.callback.last_checkpoint
+        finish_uploads(self.callback, quiet=True)
+        latest = self.callback.manager.last_checkpoint
         if latest is not None:
             local = self.callback.manager.fetch(latest)
             restore_checkpoint(self.callback, latest, local, loading.ReadOnce(), into=self.model,
@@ -295,17 +261,6 @@ class Run:
                    f"checkpoint; continuing from {where}")
         print(message, flush=True)
         logger.info("%s", message)
-
-    def _finish_uploads(self, quiet: bool) -> None:
-        try:
-            self.callback.wait_for_uploads()
-        except ResumableError as e:
-            if not quiet:
-                raise
-            if isinstance(e, LeaseLostError):  # said once, by the error that ends the fit
-                logger.info("resumable: %s", e)
-                return
-            user_warnings.warn(f"resumable: {e}")
 
     def _final_weights(self, callbacks: list[keras.callbacks.Callback]) -> str:
         """A run that is over: the model as an unbroken run ends it (EarlyStopping's best weights)."""
@@ -371,7 +326,7 @@ def resume(
     callback.strategy = strategy
     manager = callback.manager
     # Before a download that fit would waste; only the process that will write says it.
-    lease = callback.lease_note() if topology.is_chief(None, strategy) else None
+    lease = callback.fit_lease.lease_note() if topology.is_chief(None, strategy) else None
     reads = loading.ReadOnce()
     loaded = load_newest(manager, build_model, strategy, distribution, callback.barrier_timeout, reads)
     if loaded is not None:
@@ -380,26 +335,27 @@ def resume(
         _say_once(_resumed_line(callback, info, lease))
         return Run(model, callback, info, strategy, distribution, build_model)
     if manager.damaged:
-        callback.restore_nothing(manager.damaged)
+        manager.resumed_from(None, manager.damaged)
     def adopt_newest() -> adopt.Adopted | None:
-        return adopt.load_newest(manager.url, build_model, strategy=strategy, distribution=distribution,
-                                 storage_options=callback.options.storage_options)
+        return adopt.load_newest(manager.storage.url, build_model, strategy=strategy,
+                                 distribution=distribution, storage_options=callback.options.storage_options)
 
     adopted = adopt_newest()
     if adopted is not None:
         _adopt_into(callback, adopted)
-        _say_once(adopted.line(printable(manager.url)) + (f" ({lease})" if lease else ""))
+        _say_once(adopted.line(printable(manager.storage.url)) + (f" ({lease})" if lease else ""))
         run = Run(adopted.model, callback, None, strategy, distribution, build_model, adopted=adopt_newest)
         run._adopted_name = adopted.file.name
         return run
     if build_model is None:
         raise CheckpointNotFoundError(
-            f"{manager.url}: no checkpoint to resume from; pass build_model=<a function returning "
+            f"{manager.storage.url}: no checkpoint to resume from; pass build_model=<a function returning "
             "the compiled model> to start the run"
         )
     with topology.scope(strategy, distribution):
         model = loading.build(build_model)
-    _say_once(f"resumable: starting a new run in {printable(manager.url)}" + (f" ({lease})" if lease else ""))
+    _say_once(f"resumable: starting a new run in {printable(manager.storage.url)}"
+              + (f" ({lease})" if lease else ""))
     return Run(model, callback, None, strategy, distribution, build_model)
 
 
@@ -417,7 +373,8 @@ def _resumed_line(callback: CheckpointCallback, info: CheckpointInfo, lease: str
     value = info.metrics.get(callback.monitor) if callback.monitor else None
     metric = f" ({callback.monitor} {value:.4g})" if isinstance(value, (int, float)) else ""
     batch = f", batch {callback.resume_batch + 1}" if callback.resume_batch else ""
-    line = (f"resumable: resumed {callback.manager.url} from {info.name}{metric}: training continues at "
+    url = callback.manager.storage.url
+    line = (f"resumable: resumed {url} from {info.name}{metric}: training continues at "
             f"epoch {callback.epochs_done + 1}{batch}")
     notes = "; ".join(note for note in (_other_backend(info), lease) if note)
     return printable(line) + (f" ({notes})" if notes else "")

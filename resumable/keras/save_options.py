@@ -12,8 +12,8 @@ from typing import Any, Generic, TypeVar, overload
 
 from resumable.core.policy import Retention, resolve_mode
 from resumable.keras.save_schedule import SaveSchedule
+from resumable.manager import check_timeout
 from resumable.manager.run_manager import RunManager
-from resumable.manager.storage_names import check_timeout
 from resumable.manager.uploader import check_when_behind
 
 _MODEL_FILE_SUFFIXES = (".keras", ".h5", ".hdf5", ".weights.h5")

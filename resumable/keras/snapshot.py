@@ -39,7 +39,7 @@ import numpy as np
 
 from resumable.core.manifest import FileEntry
 from resumable.keras import compat, zip_member
-from resumable.manager.storage_names import ChecksummedFile, WrittenFiles
+from resumable.manager import ChecksummedFile, WrittenFiles
 
 MODEL_FILE = "model.keras"
 WEIGHTS_FILE = "model.weights.h5"

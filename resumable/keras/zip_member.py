@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import BinaryIO, cast
 
 from resumable.core.checksum import CRC32_POLY
-from resumable.manager.storage_names import ChecksummedFile
+from resumable.manager import ChecksummedFile
 
 _LOCAL_HEADER = struct.Struct("<4s5H3I2H")  # a zip local file header, 30 bytes
 _LOCAL_SIGNATURE = b"PK\x03\x04"

@@ -137,22 +137,15 @@ class JobCommit:
         answer = message.get("said")
         return dict(answer) if isinstance(answer, dict) else {}
 
-    def writer(self, staging: Path, write: Callable[[Path, str | None], dict[str, FileEntry]] | None
-               ) -> Callable[[Path, str | None], dict[str, FileEntry]] | None:
-        """``write(folder, root)``, made to keep its error for `commit`: a process that cannot write
-        its files (a full disk) still takes part in the round, and every process fails it alike."""
-        if write is None:
-            return None
-
-        def kept(folder: Path, root: str | None) -> dict[str, FileEntry]:
-            self._unwritten.pop(Path(staging), None)
-            try:
-                return write(folder, root)
-            except Exception as e:  # said in the round: one process skipping it would stall the others
-                self._unwritten[Path(staging)] = e
-                return {}
-
-        return kept
+    def write_part(self, staging: Path, write: Callable[[], dict[str, FileEntry]]) -> None:
+        """``write()`` this process's files into ``staging``, its error kept for `commit`: a process
+        that cannot write its files (a full disk) still takes part in the round, and every process
+        fails it alike."""
+        self._unwritten.pop(Path(staging), None)
+        try:
+            write()
+        except Exception as e:  # said in the round: one process skipping it would stall the others
+            self._unwritten[Path(staging)] = e
 
     def commit(self, staging: Path, name: str, manifest: Manifest, *, progress: bool = False,
                between_chunks: Callable[[], None] | None = None) -> CheckpointInfo:
@@ -184,7 +177,7 @@ class JobCommit:
             raise
         self._put(f"{key}/ready", {"token": token})
         try:
-            files = dict(self.storage.upload_part(staging, name, progress=progress,
+            files = dict(self.storage.committer.upload(staging, name, progress=progress,
                                                   between_chunks=between_chunks))
             for index, part in self._parts(key, name):
                 shared = sorted(set(part) & set(files))
@@ -192,7 +185,7 @@ class JobCommit:
                     raise ResumableError(f"{self.storage.url}/{name}: process {index} wrote {shared[0]}, "
                                          "which another process wrote too; not committed")
                 files.update(part)
-            info = self.storage.commit_manifest(name, replace(manifest, files=files))
+            info = self.storage.committer.finish(name, replace(manifest, files=files))
         except BaseException as e:
             self._put(f"{key}/committed", {"error": _said(e), "lost": isinstance(e, LeaseLostError)})
             raise
@@ -236,7 +229,8 @@ class JobCommit:
             self._raise_unwritten(staging)
             if ready.get("token"):
                 check_holder(self.storage, str(ready["token"]))
-            files = self.storage.upload_part(staging, name, progress=progress, between_chunks=between_chunks)
+            files = self.storage.committer.upload(staging, name, progress=progress,
+                                                  between_chunks=between_chunks)
         except BaseException as e:
             self._put(f"{key}/part/{index}", {"error": _said(e), "lost": isinstance(e, LeaseLostError)})
             raise

@@ -1,22 +1,23 @@
 """`RunManager`: one run folder as its writer and its readers see it, without Keras.
 
-The Keras callback, `resume()` and the CLI all go through it. It is a reader
-(`run_reader.RunReader`) and, from the first write on, a writer (`run_writer.RunWriter`):
+The Keras callback, `resume()` and the CLI all go through it. It is a reader (it *is* a
+`run_reader.RunReader`: its reading methods are the manager's own) and, from the first write
+on, a writer (`writer`: a `run_writer.RunWriter`, used directly):
 
 - **reading**: the newest good checkpoint (`newest_good`), fetched and checked into a local
   cache (`fetch_newest`, `fetch`), or its big files still arriving while the caller loads the
   first of them (`arriving_newest`, `arrive`: `arrival.py`); what a resume learned (the
   checkpoint restored, the newer ones found damaged: `resumed_from`, `mark_damaged`);
-- **writing**: the writer lease (`acquire`, `release`), a staging folder per checkpoint
-  (`stage`), background or immediate commits (`submit`), the lease renewed right before each
-  commit, a damaged newer checkpoint replaced, retention after each commit;
-- **pruning**: `plan_pruning` + `prune`, the one code path for the callback's retention and
-  `resumable prune`.
+- **writing** (`writer.`): the writer lease (`acquire`; the manager's `release`), a staging
+  folder per checkpoint (`stage`), each save a job on the uploader's queue (`submit`: the
+  commit chosen once, `commits`), the lease renewed right before each commit, a damaged newer
+  checkpoint replaced, retention after each commit, the caller's `listener` told;
+- **pruning**: `plan_pruning` + `writer.prune`, the one code path for the callback's retention
+  and `resumable prune`.
 
 A resume that only reads builds no writer: no Lease, no Uploader, no thread, nothing written to
-the run folder. The writer is built at the first call that writes (`acquire`, `writing`,
-`stage`, `submit`, `prune`, `every_process_writes`, `delete_every_checkpoint`, ...; `lease`
-and `uploader` too), and fences the storage then, before any write.
+the run folder. The writer is built the first time `writer` is read, and fences the storage
+then, before any write.
 
 What a checkpoint holds is the caller's business: the manager moves folders of files and
 their manifests. The commit protocol itself lives in `resumable.storage.commit`.
@@ -24,25 +25,22 @@ their manifests. The commit protocol itself lives in `resumable.storage.commit`.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import logging
 import shutil
 import tempfile
-from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from resumable.core.manifest import Manifest
 from resumable.core.naming import DEFAULT_TEMPLATE
 from resumable.core.policy import Retention
-from resumable.manager.arrival import Arrival
-from resumable.manager.job_commit import DEFAULT_BARRIER_TIMEOUT, JobChannel, JobCommit
+from resumable.manager.job_commit import JobCommit
+from resumable.manager.listener import SaveListener
 from resumable.manager.run_reader import PrunePlan, RunReader
-from resumable.manager.run_writer import RunWriter, WriteFn, WriterOptions
-from resumable.manager.uploader import Uploader, check_when_behind
-from resumable.storage import CheckpointInfo, RunStorage
-from resumable.storage.lease import DEFAULT_TIMEOUT, Lease, LeaseInfo, check_timeout
+from resumable.manager.run_writer import RunWriter, WriterOptions
+from resumable.manager.uploader import check_when_behind
+from resumable.storage import RunStorage
+from resumable.storage.lease import DEFAULT_TIMEOUT, LeaseInfo, check_timeout
 
 logger = logging.getLogger("resumable")
 
@@ -53,16 +51,17 @@ def _option(name: str, doc: str) -> Any:
                     lambda self, value: setattr(self.options, name, value), doc=doc)
 
 
-class RunManager:
-    """The reader of one run folder (`RunReader`) and, built at its first write, its writer (`RunWriter`).
+class RunManager(RunReader):
+    """The reader of one run folder (a `RunReader`: its reading methods are the manager's own)
+    and, built at its first write, its writer (`writer`, a `RunWriter`).
 
     Example:
 
     ```python
     manager = RunManager("gs://bucket/runs/exp1", retention=Retention(keep_last=3))
-    manager.acquire()                         # LeaseHeldError naming another live writer
-    folder = manager.stage("ckpt-000003")     # write the checkpoint's files here, then:
-    manager.submit(folder, "ckpt-000003", Manifest(epoch=3))  # uploads in the background
+    manager.writer.acquire()                      # LeaseHeldError naming another live writer
+    folder = manager.writer.stage("ckpt-000003")  # write the checkpoint's files here, then:
+    manager.writer.submit(folder, "ckpt-000003", Manifest(epoch=3))  # uploads in the background
     manager.release()                         # lands the uploads, gives the lease back
     ```
 
@@ -98,18 +97,17 @@ class RunManager:
         process_index: int = 0,
         when_behind: str = "skip",
     ) -> None:
-        self.storage = RunStorage(url, filename=filename, storage_options=storage_options)
-        self.staging_dir = Path(staging_dir) if staging_dir else default_staging_dir(self.storage.url,
-                                                                                     process_index)
+        storage = RunStorage(url, filename=filename, storage_options=storage_options)
         # checked now, as the writer built later would: a bad argument fails where it is given
         lease_timeout = check_timeout(lease_timeout)
         check_when_behind(when_behind)
         self.options = WriterOptions(retention=retention, lease_timeout=lease_timeout, takeover=takeover,
                                      async_upload=async_upload, verbose=verbose, when_behind=when_behind)
-        self.reader = RunReader(self.storage, self.staging_dir, verbose=verbose)
+        super().__init__(storage, Path(staging_dir) if staging_dir else default_staging_dir(storage.url,
+                                                                                         process_index),
+                         verbose=verbose)
         self._writer: RunWriter | None = None  # built at the first write (`writer`)
-        self.on_commit: Callable[[CheckpointInfo], None] | None = None  # after each commit (callback)
-        self.on_skipped: Callable[[str], None] | None = None  # the line saying a checkpoint was skipped
+        self._listener: SaveListener | None = None
 
     retention = _option("retention", "What to keep after each commit; None keeps everything.")
     takeover = _option("takeover", "`acquire` takes the lease even from a live holder.")
@@ -121,27 +119,24 @@ class RunManager:
         return f"RunManager({self.storage.url!r}, lease held={held})"
 
     @property
-    def url(self) -> str:
-        return self.storage.url
-
-    @property
     def writer(self) -> RunWriter:
         """The run folder's writer, built on first use: the lease (the storage fenced by it from
         then on) and the uploader. Reading never builds it."""
         if self._writer is None:
-            self._writer = RunWriter(self.reader, self.options, on_commit=self._report_commit,
-                                     on_skipped=self._skipped)
+            self._writer = RunWriter(self, self.options, listener=self._listener)
         return self._writer
 
     @property
-    def lease(self) -> Lease:
-        """The writer lease (building the writer)."""
-        return self.writer.lease
+    def listener(self) -> SaveListener | None:
+        """Told of each commit and each checkpoint skipped (`listener.SaveListener`); None logs
+        the skipped ones."""
+        return self._listener
 
-    @property
-    def uploader(self) -> Uploader:
-        """The background uploader (building the writer)."""
-        return self.writer.uploader
+    @listener.setter
+    def listener(self, listener: SaveListener | None) -> None:
+        self._listener = listener
+        if self._writer is not None:
+            self._writer.listener = listener
 
     @property
     def job(self) -> JobCommit | None:
@@ -149,10 +144,6 @@ class RunManager:
         return self._writer.job if self._writer is not None else None
 
     # ------------------------------------------------------------------ the writer lease
-
-    def acquire(self) -> None:
-        """Become the run folder's only writer (LeaseHeldError naming the holder), renewed until `release`."""
-        self.writer.acquire()
 
     def check_lease(self) -> None:
         """LeaseLostError once a renewal found the lease taken over. Costs nothing."""
@@ -166,68 +157,13 @@ class RunManager:
 
     def blocking_writer(self) -> LeaseInfo | None:
         """Another live process that holds the lease (`acquire` would fail), or None. Reads only."""
-        return None if self.takeover else self.reader.blocking_writer()
-
-    def other_writer(self) -> tuple[LeaseInfo, float | None] | None:
-        """Another process' lease, live or not, with its age by the storage's clock. Reads only."""
-        return self.reader.other_writer()
-
-    def writing(self, *, force: bool = False) -> contextlib.AbstractContextManager[LeaseInfo | None]:
-        """Hold the lease for a one-off change such as pruning.
-
-        Yields None while holding it. Another live writer raises LeaseHeldError; with ``force``
-        the body runs anyway, without taking that writer's lease, and gets its holder.
-        """
-        return self.writer.writing(force=force)
+        return None if self.takeover else super().blocking_writer()
 
     # ------------------------------------------------------------------ saving
-
-    def every_process_writes(self, channel: JobChannel, timeout: float = DEFAULT_BARRIER_TIMEOUT) -> None:
-        """#36: a multi-host job whose variables no one process holds whole: from now on every
-        process uploads its own files of each checkpoint and process 0 commits them
-        (`job_commit.JobCommit`). The processes must agree on which checkpoints they commit: none
-        is skipped (when_behind='wait'), and one that failed is dropped on every process, never
-        tried again."""
-        self.writer.every_process_writes(channel, timeout)
-
-    def check_continues(self, restored: str | None, step: int) -> int | None:
-        """Refuse to mix a new training run into a folder that already holds one.
-
-        ``restored``: the checkpoint this run resumed from; ``step``: the model's optimizer
-        step now. Returns the epochs done when the model was restored by hand from the latest
-        checkpoint (same step), else None. Raises CheckpointExistsError otherwise.
-        """
-        return self.reader.check_continues(restored, step)
-
-    def stage(self, name: str, *, drop_cached: bool = True) -> Path:
-        """An empty local folder to write checkpoint ``name`` into before `submit`.
-
-        Waits for an upload of the same name still in flight (a re-run epoch) and deletes the
-        local copy of the last committed checkpoint first (this save replaces it), unless
-        ``drop_cached`` is False: a `submit` with ``write`` deletes it in the uploader's thread,
-        before writing, so that training does not wait for that delete either.
-        """
-        return self.writer.stage(name, drop_cached=drop_cached)
 
     def discard(self, folder: Path) -> None:
         """Delete a staged folder that will not be submitted (a save that failed)."""
         shutil.rmtree(folder, ignore_errors=True)
-
-    def serializing(self) -> contextlib.AbstractContextManager[None]:
-        """Hold the upload in flight while the caller writes a staged folder (what training waits for)."""
-        return self.writer.uploader.paused()
-
-    def submit(self, folder: Path, name: str, manifest: Manifest, *, write: WriteFn | None = None) -> None:
-        """Commit a staged folder as ``name``: in the background, or now with ``async_upload=False``.
-
-        ``write(folder, root)``: writes the files first, in the uploader's thread when in the
-        background (a checkpoint held in memory: training does not wait for its files), and
-        returns each one's size and CRC32C as written. In a local run (Drive's mount included)
-        it writes them straight into the checkpoint's folder in the run (``root``), and the
-        commit only syncs them and writes the manifest (`writes_in_place`); elsewhere, and for
-        a process's part of a multi-host job's checkpoint, into ``folder``, uploaded next.
-        """
-        self.writer.submit(folder, name, manifest, write=write)
 
     @property
     def writes_in_place(self) -> bool:
@@ -257,119 +193,11 @@ class RunManager:
         if self._writer is not None:
             self._writer.finish(quiet=quiet)
 
-    def _report_commit(self, info: CheckpointInfo) -> None:
-        """After each commit and its retention: the callback's ``on_commit``."""
-        if self.on_commit is not None:
-            self.on_commit(info)
-
-    def _skipped(self, line: str) -> None:
-        """A checkpoint replaced while it waited for its upload: the callback prints the line."""
-        if self.on_skipped is not None:
-            self.on_skipped(line)
-        else:
-            logger.warning("%s", line)
-
     # ------------------------------------------------------------------ what a resume learned
-
-    @property
-    def last_checkpoint(self) -> CheckpointInfo | None:
-        """The checkpoint restored, then the last one committed; None before either."""
-        return self.reader.last_checkpoint
-
-    @property
-    def damaged(self) -> set[str]:
-        """Newer checkpoints found damaged when resuming, which commits may replace (a copy)."""
-        return self.reader.damaged
-
-    def resumed_from(self, checkpoint: CheckpointInfo | None, damaged: set[str]) -> None:
-        """A resume restored ``checkpoint`` (None: nothing): it is the run's last checkpoint, and
-        the newer ones in ``damaged`` may be replaced by training's commits."""
-        self.reader.resumed_from(checkpoint, damaged)
-
-    def mark_damaged(self, name: str) -> None:
-        """Checkpoint ``name`` failed a check when resuming: passed over, and replaceable."""
-        self.reader.mark_damaged(name)
 
     # ------------------------------------------------------------------ retention and pruning
 
-    def plan_pruning(self, retention: Retention, *, protect: Iterable[str] = (),
-                     checkpoints: Sequence[CheckpointInfo] | None = None) -> PrunePlan:
-        """Retention's decision for every checkpoint; ``protect`` names are kept.
-
-        ``checkpoints``: as `RunStorage.list` returned them (oldest first), when the caller
-        listed them already; else the run folder is listed with its files checked.
-        """
-        return self.reader.plan_pruning(retention, protect=protect, checkpoints=checkpoints)
-
-    def prune(self, doomed: Sequence[CheckpointInfo], *, progress: Callable[[Sequence[CheckpointInfo]],
-              Iterable[CheckpointInfo]] | None = None, tolerant: bool = False) -> list[str]:
-        """Delete checkpoints a `PrunePlan` dooms; the caller holds the lease (`acquire`, `writing`).
-
-        Never deletes once the lease was taken over. ``tolerant``: a failed delete is a warning
-        (it only costs space; training goes on) instead of an error. Returns the names deleted.
-        """
-        return self.writer.prune(doomed, progress=progress, tolerant=tolerant)
-
-    def delete_every_checkpoint(self) -> None:
-        """Delete every checkpoint, then the run index (BackupAndRestore's ``delete_checkpoint``).
-
-        Each delete goes through the storage's fenced path: the lease is read afresh first, and
-        nothing is deleted once another process took the run over. A local run folder left
-        empty is removed too (files of others in it are let be).
-        """
-        self.writer.delete_every_checkpoint()
-
-    def apply_retention(self) -> None:
-        """After a commit: delete what ``retention`` drops, never the checkpoint just committed."""
-        self.writer.apply_retention()
-
     # ------------------------------------------------------------------ reading
-
-    def newest_first(self) -> Iterator[CheckpointInfo]:
-        """Good checkpoints, newest first (skipped newer damaged ones are logged)."""
-        return self.reader.newest_first()
-
-    def newest_good(self) -> CheckpointInfo | None:
-        """The newest good checkpoint that resuming did not find damaged."""
-        return self.reader.newest_good()
-
-    @property
-    def cache_root(self) -> Path:
-        """Where checkpoints are downloaded to be loaded."""
-        return self.reader.cache_root
-
-    def fetch(self, info: CheckpointInfo) -> Path:
-        """The checkpoint's folder to load from, every file checked (CorruptCheckpointError if bad).
-
-        From a bucket: downloaded into the cache. From a local folder or a Drive mount: the
-        checkpoint's own folder, once its files were read and checked in place.
-        """
-        return self.reader.fetch(info)
-
-    def arrive(self, info: CheckpointInfo, streamed: Callable[[str], bool]) -> Arrival:
-        """The checkpoint's files coming down in a thread (`Arrival`), those ``streamed`` says
-        a loader reads as they come last, in name order (a local run: checked in place first)."""
-        return self.reader.arrive(info, streamed)
-
-    def arriving_newest(self, warn: Callable[[str], None], check: Callable[[Path, str], object] | None = None,
-                        streamed: Callable[[str], bool] = lambda rel: False
-                        ) -> tuple[CheckpointInfo, Arrival] | None:
-        """The newest checkpoint whose files check out but those ``streamed(rel)`` names, these
-        still arriving; None when there is none (`RunReader.arriving_newest`). Checkpoints in
-        `damaged` are passed over; those found damaged are passed to ``warn`` and added to it."""
-        return self.reader.arriving_newest(warn, check, streamed)
-
-    def fetch_newest(self, warn: Callable[[str], None], check: Callable[[Path, str], object] | None = None
-                     ) -> tuple[CheckpointInfo, Path] | None:
-        """The newest checkpoint whose files all check out, fetched; None when there is none.
-
-        As `arriving_newest`, every file waited for.
-        """
-        return self.reader.fetch_newest(warn, check)
-
-    def keep_only_cached(self, name: str) -> None:
-        """The cache holds one checkpoint: the one restored (a later resume reuses its files)."""
-        self.reader.keep_only_cached(name)
 
 
 def default_staging_dir(url: str, process_index: int = 0) -> Path:

@@ -121,7 +121,7 @@ class RunReader:
         if holder is None or holder.mine():
             return None
         try:  # GCS' own clock says how long the lease has been silent; the holder's may be off
-            server_age = self.storage.run_file_server_age(LEASE_NAME)
+            server_age = self.storage.run_files.run_file_server_age(LEASE_NAME)
         except ResumableError:
             server_age = None
         return holder, server_age

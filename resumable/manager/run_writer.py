@@ -8,16 +8,16 @@ over. What a resume learned (the checkpoint restored, the damaged ones a commit 
 belongs to the reader (`run_reader.RunReader`); the writer reads it and reports each commit
 to it (`RunReader.committed`).
 
-The threads: `submit` hands a checkpoint to the uploader's thread (`uploader.Uploader`), which
-calls back here to commit it (`_commit`, `_commit_in_place`) and after the commit
-(`_committed`: retention, then the caller's ``on_commit``); the lease renews itself in its own
-thread from `acquire` on.
+A save: `submit` chooses the checkpoint's commit once (`commit_for`: in place, staged or in
+parts, `commits`) and hands the job (its manifest, its files, its commit) to the uploader's
+thread (`uploader.Uploader`), which runs the commit and then `_committed`: the reader told,
+retention applied, then the caller's `listener.SaveListener` told. The lease renews itself in
+its own thread from `acquire` on.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import os
 import shutil
@@ -27,10 +27,12 @@ from pathlib import Path
 from typing import TypeVar
 
 from resumable.core.errors import CheckpointExistsError, LeaseHeldError, LeaseLostError, ResumableError
-from resumable.core.manifest import FileEntry, Manifest
+from resumable.core.manifest import Manifest
 from resumable.core.policy import Retention
 from resumable.manager.background import wait_at_exit
+from resumable.manager.commits import Commit, InPlace, Parts
 from resumable.manager.job_commit import DEFAULT_BARRIER_TIMEOUT, JobChannel, JobCommit
+from resumable.manager.listener import Files, SaveListener, tell_committed, tell_skipped
 from resumable.manager.run_reader import RunReader
 from resumable.manager.uploader import Uploader
 from resumable.storage import CheckpointInfo
@@ -39,8 +41,6 @@ from resumable.storage.lease import DEFAULT_TIMEOUT, Lease, LeaseInfo, read_leas
 logger = logging.getLogger("resumable")
 
 T = TypeVar("T")
-
-WriteFn = Callable[[Path, str | None], dict[str, FileEntry]]
 
 
 @dataclass
@@ -61,24 +61,23 @@ class RunWriter:
     Args:
         reader: The run folder's reader: its storage, staging folder, last and damaged checkpoints.
         options: How to write.
-        on_commit: Called after each commit (retention applied), in the uploader's thread.
-        on_skipped: Called with the line saying a waiting checkpoint was replaced.
+        listener: Told of each commit (retention applied, in the uploader's thread) and of each
+            checkpoint skipped; None logs the skipped ones.
     """
 
-    def __init__(self, reader: RunReader, options: WriterOptions, *,
-                 on_commit: Callable[[CheckpointInfo], None], on_skipped: Callable[[str], None]) -> None:
+    def __init__(self, reader: RunReader, options: WriterOptions, *, listener: SaveListener | None) -> None:
         self.reader = reader
         self.storage = reader.storage
         self.options = options
-        self._on_commit = on_commit
+        self.listener = listener
         # One writer per run folder; at interpreter exit the last uploads land before it is released.
         self.lease = Lease(self.storage, timeout=options.lease_timeout, before_exit=wait_at_exit)
         self.storage.fence = self.lease.fence  # every manifest write and delete checks it afresh
         # The newest committed checkpoint's files stay in staging_dir/committed until the next
         # save: a local copy to recover by hand; resume() reads the run folder's copy.
-        self.uploader = Uploader(self.storage, commit=self._commit, on_commit=self._committed,
+        self.uploader = Uploader(self.storage, commit=self.commit_staged, on_commit=self._committed,
                                  cache_dir=reader.staging_dir / "committed", verbose=options.verbose,
-                                 when_behind=options.when_behind, on_skipped=on_skipped)
+                                 when_behind=options.when_behind, on_skipped=self._skipped)
         self.job: JobCommit | None = None  # #36: set when every process of a multi-host job writes its part
 
     # ------------------------------------------------------------------ the writer lease
@@ -140,48 +139,44 @@ class RunWriter:
             self.uploader.drop_cached()
         return folder
 
-    def submit(self, folder: Path, name: str, manifest: Manifest, *, write: WriteFn | None = None) -> None:
+    def submit(self, folder: Path, name: str, manifest: Manifest, *, files: Files | None = None) -> None:
         """Commit a staged folder as ``name``, in the background or now (`RunManager.submit`)."""
-        in_place = None
-        if self.job is not None:  # #36: a failed write is said in the job's round, never skipped alone
-            write = self.job.writer(folder, write)
-        elif write is not None and self.writes_in_place:
-            in_place = functools.partial(self._commit_in_place, name, manifest, write)
+        commit = self.commit_for(files)
         if self.options.async_upload:
-            self.uploader.submit(folder, name, manifest, write=write, in_place=in_place)
+            self.uploader.submit(folder, name, manifest, files=files, commit=commit)
         else:
-            self.uploader.commit_now(folder, name, manifest, write=write, in_place=in_place)
+            self.uploader.commit_now(folder, name, manifest, files=files, commit=commit)
+
+    def commit_for(self, files: Files | None) -> Commit:
+        """The checkpoint's commit, chosen once (`commits`): in parts for a multi-host job's (#36),
+        in place for a local run's files held in memory, else staged then uploaded."""
+        if self.job is not None:
+            return Parts(self, self.job)
+        if files is not None and self.writes_in_place:
+            return InPlace(self)
+        return self.uploader.staged_commit
+
+    @property
+    def verbose(self) -> bool:
+        """Progress bars while uploading."""
+        return self.options.verbose
 
     @property
     def writes_in_place(self) -> bool:
-        """Whether `submit`'s ``write`` writes the files where they stay (`RunManager.writes_in_place`)."""
+        """Whether a save's files are written where they stay (`RunManager.writes_in_place`)."""
         return self.storage.is_local and self.job is None
 
-    def _commit(self, staging: Path, name: str, manifest: Manifest) -> CheckpointInfo:
+    def commit_staged(self, staging: Path, name: str, manifest: Manifest) -> CheckpointInfo:
+        """Steps 1 to 4 for the files in ``staging`` (`commits.Staged`)."""
         # A commit after the lease was given back (one retried once fit ended, or landing at
         # exit) takes it again for itself: never written into a run another process may hold.
-        with self._holding():
-            self._renew_before_commit(name)
-            if self.job is not None:  # #36: every process uploads its part, process 0 commits
-                return self.job.commit(staging, name, manifest, progress=self.options.verbose,
-                                       between_chunks=self._between_chunks)
-            return self._replacing_damaged(name, lambda: self.storage.commit(
-                staging, name, manifest, progress=self.options.verbose, between_chunks=self._between_chunks))
+        with self.holding():
+            self.renew_before_commit(name)
+            return self.replacing_damaged(name, lambda: self.storage.commit(
+                staging, name, manifest, progress=self.options.verbose, between_chunks=self.between_chunks))
 
-    def _commit_in_place(self, name: str, manifest: Manifest, write: WriteFn) -> CheckpointInfo:
-        """Write a checkpoint's files straight into its folder in a local run, then commit them."""
-        with self._holding():  # as `_commit`
-            self._renew_before_commit(name)
-            target = Path(self._replacing_damaged(name, lambda: self.storage.begin_in_place(name)))
-            try:
-                written = write(target, self.storage.root)
-            except BaseException:
-                with contextlib.suppress(ResumableError, OSError):  # a partial folder only holds space
-                    self.storage.delete(name)
-                raise
-            return self.storage.commit_in_place(name, manifest, written)
-
-    def _renew_before_commit(self, name: str) -> None:
+    def renew_before_commit(self, name: str) -> None:
+        """A fresh check that the run is still this writer's, right before a commit writes."""
         if self.lease.held or self.lease.lost:
             try:
                 self.lease.renew()  # a fresh check that the run is still ours, just before writing
@@ -193,9 +188,9 @@ class RunWriter:
 
     def _prepare_job_commit(self, name: str) -> None:
         """#36: process 0's first step of a job's commit: the folder cleared, or a damaged one replaced."""
-        self._replacing_damaged(name, lambda: self.storage.prepare_commit(name))
+        self.replacing_damaged(name, lambda: self.storage.committer.prepare(name))
 
-    def _replacing_damaged(self, name: str, begin: Callable[[], T]) -> T:
+    def replacing_damaged(self, name: str, begin: Callable[[], T]) -> T:
         """``begin()`` (the commit, or its first step); a checkpoint of that name resume() found
         damaged, and still is, is deleted first (only those may be replaced)."""
         try:
@@ -208,7 +203,7 @@ class RunWriter:
         self.reader.replaced(name)
         return begin()
 
-    def _between_chunks(self) -> None:
+    def between_chunks(self) -> None:
         """Before each chunk of an upload: stop once a renewal found the run taken over."""
         self.lease.check()
         self.uploader.between_chunks()
@@ -220,7 +215,11 @@ class RunWriter:
         if self.job is not None and not self.job.chief:
             return  # #36: process 0 alone applies retention and reports commits
         self.apply_retention()
-        self._on_commit(info)
+        tell_committed(self.listener, info)
+
+    def _skipped(self, line: str) -> None:
+        """A checkpoint replaced while it waited for its upload (the submitting thread)."""
+        tell_skipped(self.listener, line)
 
     # ------------------------------------------------------------------ retention and pruning
 
@@ -252,17 +251,17 @@ class RunWriter:
     def delete_every_checkpoint(self) -> None:
         """Delete every checkpoint, then the run index (`RunManager.delete_every_checkpoint`); the
         lease is taken for it when given back (BackupAndRestore deletes its backups after fit)."""
-        with self._holding():
+        with self.holding():
             for info in self.storage.list(check_files=False):
                 self.storage.delete(info)
             self.reader.committed(None)
-            self.storage.delete_index()
+            self.storage.committer.delete_index()
         if self.storage.is_local:
             with contextlib.suppress(OSError):
                 os.rmdir(self.storage.root)  # only when empty
 
     @contextlib.contextmanager
-    def _holding(self) -> Iterator[None]:
+    def holding(self) -> Iterator[None]:
         """The lease held within: as it is, or taken for the block when this process gave it back
         (LeaseHeldError naming a live holder); LeaseLostError once another process took the run."""
         self.lease.check()

@@ -1,4 +1,11 @@
-"""`Uploader`: commit staged checkpoints in a background thread while training goes on.
+"""`Uploader`: the save jobs' one queue, run in a background thread while training goes on.
+
+Each save is one job (`commits.SaveJob`): the checkpoint's name and manifest, its files still
+in memory (`listener.Files`) or already in a staging folder, and its commit (`commits`: in
+place, staged, in parts). The worker runs a job in two steps, in order: `SaveJob.prepare` (a
+staged job's files written into its staging folder, the local copy of the last commit dropped
+first), then ``job.commit.run(job)`` (the protocol's steps); then ``on_commit`` (the writer's
+retention and listener).
 
 One worker thread and two slots: the job in flight and the job waiting. By default
 (``when_behind="skip"``) a newer job replaces the waiting one (whose staged folder is deleted):
@@ -25,48 +32,20 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 from resumable.core.errors import LeaseLostError
 from resumable.core.manifest import Manifest
 from resumable.manager.background import Worker, wait_for
+from resumable.manager.commits import Commit, CommitFn, SaveJob, Staged
 from resumable.manager.committed_copy import CommittedCopy
+from resumable.manager.listener import Files
 from resumable.storage import CheckpointInfo, RunStorage
 
 logger = logging.getLogger("resumable")
 
-CommitFn = Callable[[Path, str, Manifest], CheckpointInfo]
 WHEN_BEHIND = ("skip", "wait")
 PAUSE_LIMIT = 300.0  # seconds an upload waits for a serialization at most (a hung save must not stop it)
-
-
-@dataclass(eq=False)
-class UploadJob:
-    """A checkpoint serialized into ``staged`` (or to be, by ``write``), to commit as ``name``."""
-
-    staged: Path
-    name: str
-    manifest: Manifest
-    submitted: float  # time.monotonic()
-    # Writes the files into a folder in the worker thread (a snapshot held in memory), as
-    # ``write(folder, root)``: ``root`` is the run folder when the folder is below it. None
-    # once written into ``staged``, so that the memory goes as soon as the files are on disk.
-    write: Callable[[Path, str | None], object] | None = None
-    # Writes the files where they stay and commits them (a local run: `RunManager`); nothing is
-    # staged. Kept until committed: a retry writes them again.
-    in_place: Callable[[], CheckpointInfo] | None = None
-
-    def prepare(self, before: Callable[[], None]) -> None:
-        """Write the files, if they are not yet: ``before()`` first, then a failed earlier try's
-        leftovers are cleared. A job written in place writes them as it commits."""
-        if self.in_place is not None:
-            before()
-        elif self.write is not None:
-            before()
-            shutil.rmtree(self.staged, ignore_errors=True)
-            self.write(self.staged, None)
-            self.write = None
 
 
 class Uploader:
@@ -114,16 +93,16 @@ class Uploader:
         self.on_skipped = on_skipped
         self._said_why = False  # the first skip's line says why, and how to keep every checkpoint
         self.storage = storage
-        self._commit = commit or storage.commit
+        self.staged_commit = Staged(commit or storage.commit)  # a job submitted without its commit
         self._on_commit = on_commit
         self.cache_dir = cache_dir
         self._copy = CommittedCopy(cache_dir)
         self.verbose = verbose
         # The worker thread runs one job at a time; its lock guards this uploader's state too.
-        self._worker: Worker[UploadJob] = Worker("resumable-uploader", self._upload, first=self._retry_first,
-                                                 at_exit=self._wait_at_exit)
+        self._worker: Worker[SaveJob] = Worker("resumable-uploader", self._upload, first=self._retry_first,
+                                                 at_exit=lambda: land_at_exit(self))
         self._cond = self._worker.cond
-        self._failed: UploadJob | None = None  # kept on disk; retried by the next submit or wait
+        self._failed: SaveJob | None = None  # kept on disk; retried by the next submit or wait
         self._error: BaseException | None = None  # why _failed failed
         self._lost: LeaseLostError | None = None  # a job dropped: the lease was lost; wait() raises it once
         # #36: False for the processes of a multi-host job, which must all commit the same
@@ -157,20 +136,17 @@ class Uploader:
             jobs = (self._worker.in_flight, self._worker.waiting)
             return any(j is not None and j.name == name for j in jobs)
 
-    def submit(self, staged: Path, name: str, manifest: Manifest, *,
-               write: Callable[[Path, str | None], object] | None = None,
-               in_place: Callable[[], CheckpointInfo] | None = None) -> None:
+    def submit(self, staged: Path, name: str, manifest: Manifest, *, files: Files | None = None,
+               commit: Commit | None = None) -> None:
         """Queue ``staged`` for committing as ``name`` and return at once.
 
-        ``write``: called in the worker thread to write the files into ``staged`` first (a
-        snapshot in memory); without it, ``staged`` holds them already. ``in_place``: called
-        instead of the commit, writes the files where they stay and commits them (nothing is
-        staged). A job already waiting
-        is replaced (its staged folder deleted, its snapshot freed), or with
-        ``when_behind="wait"`` waited for. A job that failed before is queued again ahead of
-        this one, unless this one has the same name.
+        ``files``: written in the worker thread by the commit (a snapshot in memory); without
+        them, ``staged`` holds the files already. ``commit``: how (`commits`); defaults to
+        `staged_commit`. A job already waiting is replaced (its staged folder deleted, its
+        snapshot freed), or with ``when_behind="wait"`` waited for. A job that failed before is
+        queued again ahead of this one, unless this one has the same name.
         """
-        job = UploadJob(Path(staged), name, manifest, time.monotonic(), write, in_place)
+        job = SaveJob(Path(staged), name, manifest, time.monotonic(), commit or self.staged_commit, files)
         with self._cond:
             if self._closed:
                 raise RuntimeError("Uploader.submit after close()")
@@ -196,7 +172,7 @@ class Uploader:
                 self.replaced.append(dropped.name)
                 self._say_skipped(dropped, job, in_flight)
 
-    def _say_skipped(self, dropped: UploadJob, newer: UploadJob, in_flight: UploadJob | None) -> None:
+    def _say_skipped(self, dropped: SaveJob, newer: SaveJob, in_flight: SaveJob | None) -> None:
         """One line per checkpoint skipped: which, and the first time why and what to do."""
         line = skipped_line(dropped, newer, in_flight, why=not self._said_why)
         self._said_why = True
@@ -229,14 +205,13 @@ class Uploader:
         if self._worker.in_worker():
             self._unpaused.wait(PAUSE_LIMIT)
 
-    def commit_now(self, staged: Path, name: str, manifest: Manifest, *,
-                   write: Callable[[Path, str | None], object] | None = None,
-                   in_place: Callable[[], CheckpointInfo] | None = None) -> CheckpointInfo:
+    def commit_now(self, staged: Path, name: str, manifest: Manifest, *, files: Files | None = None,
+                   commit: Commit | None = None) -> CheckpointInfo:
         """Commit in the calling thread (synchronous mode); errors raise, the staged folder is kept."""
         self.wait()
-        job = UploadJob(Path(staged), name, manifest, time.monotonic(), write, in_place)
+        job = SaveJob(Path(staged), name, manifest, time.monotonic(), commit or self.staged_commit, files)
         job.prepare(before=self.drop_cached)
-        info = self._run_commit(job)
+        info = job.commit.run(job)
         self._committed_job(job)
         if self._on_commit is not None:
             self._on_commit(info)
@@ -288,38 +263,23 @@ class Uploader:
             self._cond.notify_all()
         self._worker.close()
 
-    def _wait_at_exit(self) -> None:
-        """At interpreter exit, let pending uploads finish so the last checkpoint lands."""
-        pending = self.pending
-        if not pending:
-            return
-        print(f"resumable: finishing the upload of {', '.join(pending)} to {self.storage.url} before "
-              "exiting ...", file=sys.stderr, flush=True)
-        started = time.monotonic()
-        try:
-            self.wait(message=False)
-        except Exception as e:
-            print(f"resumable: upload to {self.storage.url} failed at exit: {e}", file=sys.stderr)
-        else:
-            print(f"resumable: uploaded in {time.monotonic() - started:.1f} s", file=sys.stderr, flush=True)
-
     # ----------------------------------------------------------------- the worker
 
     def _retry_pending(self) -> bool:
         return self._failed is not None and self._retry
 
-    def _retry_first(self) -> UploadJob | None:
+    def _retry_first(self) -> SaveJob | None:
         """Under the lock, before the waiting job: a failed job to try again, once asked to."""
         if self._failed is not None and self._retry:
             job, self._failed, self._retry = self._failed, None, False
             return job
         return None
 
-    def _upload(self, job: UploadJob) -> None:
+    def _upload(self, job: SaveJob) -> None:
         """One job, in the worker thread: every error is the uploader's to report (never raised)."""
         try:
             job.prepare(before=self.drop_cached)  # the old copy goes first: never two on disk
-            info = self._run_commit(job)
+            info = job.commit.run(job)
         except BaseException as e:  # reported at the next wait(), never lost
             self._failed_job(job, e)
             return
@@ -330,12 +290,7 @@ class Uploader:
             except Exception as e:  # the checkpoint is committed; what follows is bookkeeping
                 warnings.warn(f"resumable: after committing {job.name}: {e}", stacklevel=1)
 
-    def _run_commit(self, job: UploadJob) -> CheckpointInfo:
-        if job.in_place is not None:
-            return job.in_place()
-        return self._commit(job.staged, job.name, job.manifest)
-
-    def _committed_job(self, job: UploadJob) -> None:
+    def _committed_job(self, job: SaveJob) -> None:
         with self._cond:
             self.committed.append(job.name)
             self._given_up = None  # a newer checkpoint is committed: the one dropped is not the newest
@@ -346,7 +301,7 @@ class Uploader:
             self._drop(older)
         self._keep(job)
 
-    def _failed_job(self, job: UploadJob, error: BaseException) -> None:
+    def _failed_job(self, job: SaveJob, error: BaseException) -> None:
         if isinstance(error, LeaseLostError):
             # Another process writes the run now: this checkpoint is never to be committed, and
             # the loss is said once, by the training that raises it (the next wait() raises it too).
@@ -355,7 +310,7 @@ class Uploader:
             with self._cond:
                 self._lost = error
             return
-        what = "upload" if job.write is None else "save"
+        what = "upload" if job.files is None else "save"
         if not self.retry_failed:
             warnings.warn(f"resumable: {what} of {job.name} failed: {error}; it is not tried again, the next "
                           "save commits a newer checkpoint", stacklevel=1)
@@ -363,7 +318,7 @@ class Uploader:
             with self._cond:
                 self._given_up = error
             return
-        kept = f"the local copy {job.staged}" if job.write is None else "the checkpoint, in memory,"
+        kept = f"the local copy {job.staged}" if job.files is None else "the checkpoint, in memory,"
         warnings.warn(f"resumable: {what} of {job.name} failed: {error}; {kept} is kept and the next save "
                       "tries again", stacklevel=1)
         with self._cond:
@@ -372,16 +327,32 @@ class Uploader:
         if older is not None and older is not job:
             self._drop(older)
 
-    def _keep(self, job: UploadJob) -> None:
+    def _keep(self, job: SaveJob) -> None:
         """Move the committed staged folder into the cache (or delete it)."""
-        if job.in_place is None:  # else nothing staged: the run folder holds the only copy
+        if job.commit.stages:  # else nothing staged: the run folder holds the only copy
             self._copy.keep(job.staged, job.name)
 
     @staticmethod
-    def _drop(job: UploadJob) -> None:
+    def _drop(job: SaveJob) -> None:
         # A job written in place leaves a partial folder at most: the next commit clears it.
-        if job.in_place is None:
+        if job.commit.stages:
             shutil.rmtree(job.staged, ignore_errors=True)
+
+
+def land_at_exit(uploader: Uploader) -> None:
+    """At interpreter exit, let pending uploads finish so the last checkpoint lands."""
+    pending = uploader.pending
+    if not pending:
+        return
+    print(f"resumable: finishing the upload of {', '.join(pending)} to {uploader.storage.url} before "
+          "exiting ...", file=sys.stderr, flush=True)
+    started = time.monotonic()
+    try:
+        uploader.wait(message=False)
+    except Exception as e:
+        print(f"resumable: upload to {uploader.storage.url} failed at exit: {e}", file=sys.stderr)
+    else:
+        print(f"resumable: uploaded in {time.monotonic() - started:.1f} s", file=sys.stderr, flush=True)
 
 
 def check_when_behind(when_behind: object) -> None:
@@ -393,7 +364,7 @@ def check_when_behind(when_behind: object) -> None:
         )
 
 
-def skipped_line(dropped: UploadJob, newer: UploadJob, in_flight: UploadJob | None, *, why: bool) -> str:
+def skipped_line(dropped: SaveJob, newer: SaveJob, in_flight: SaveJob | None, *, why: bool) -> str:
     """The line that says ``dropped`` was replaced by ``newer``; with ``why`` (the first time), why
     and what to do."""
     if not why:
@@ -406,7 +377,7 @@ def skipped_line(dropped: UploadJob, newer: UploadJob, in_flight: UploadJob | No
             "when_behind='wait' to keep every checkpoint (training then waits for the uploads)")
 
 
-def _describe(job: UploadJob) -> str:
+def _describe(job: SaveJob) -> str:
     """``epoch 7``, or ``epoch 8, batch 30`` for a mid-epoch checkpoint (the epoch it was saved in)."""
     manifest = job.manifest
     if manifest.batch:
@@ -414,8 +385,8 @@ def _describe(job: UploadJob) -> str:
     return f"epoch {manifest.epoch}"
 
 
-def _key(job: UploadJob) -> tuple[int, int]:
+def _key(job: SaveJob) -> tuple[int, int]:
     return (job.manifest.epoch, job.manifest.step)
 
 
-__all__ = ["WHEN_BEHIND", "UploadJob", "Uploader", "check_when_behind"]
+__all__ = ["WHEN_BEHIND", "Uploader", "check_when_behind"]

@@ -148,9 +148,9 @@ class Lease:
                              process_start=this_machine.own_process_start(), boot_id=this_machine.BOOT_ID)
             data = info.to_json()
             for _ in range(ACQUIRE_TRIES):
-                version = self.storage.create_run_file(LEASE_NAME, data)
+                version = self.storage.run_files.create_run_file(LEASE_NAME, data)
                 if version is None:
-                    found = self.storage.read_run_file(LEASE_NAME)
+                    found = self.storage.run_files.read_run_file(LEASE_NAME)
                     if found is None:
                         continue  # released in between: create again
                     blob, current = found
@@ -161,7 +161,7 @@ class Lease:
                                            self.announced)
                         if current is None:
                             continue  # released, renewed by a new holder or torn while we watched: look again
-                        version = self.storage.replace_run_file(LEASE_NAME, data, current)
+                        version = self.storage.run_files.replace_run_file(LEASE_NAME, data, current)
                         if version is None:
                             version = self._landed(data)
                 if version is not None:
@@ -183,13 +183,13 @@ class Lease:
                 raise LeaseLostError(f"{self._url}: this process holds no writer lease; take it first")
             info = dataclasses.replace(self.info, renewed=this_machine.now())
             data = info.to_json()
-            version = self.storage.replace_run_file(LEASE_NAME, data, self._version)
+            version = self.storage.run_files.replace_run_file(LEASE_NAME, data, self._version)
             if version is None:
                 version = self._landed(data)
             if version is None:
                 ours = self._still_ours()  # an earlier renewal landed, or tore the file, but raised
                 if ours is not None:
-                    version = self.storage.replace_run_file(LEASE_NAME, data, ours)
+                    version = self.storage.run_files.replace_run_file(LEASE_NAME, data, ours)
                     if version is None:
                         version = self._landed(data)
             if version is None:
@@ -210,7 +210,7 @@ class Lease:
         back (`release`): nothing is written into a run another process may hold by now
         without taking the lease again (`RunWriter` does, for a commit retried once fit ended).
         A no-op while no lease was taken: a one-off write forced past a live writer
-        (`RunManager.writing(force=True)`).
+        (`RunWriter.writing(force=True)`).
         """
         with self._lock:
             self.check()
@@ -232,10 +232,10 @@ class Lease:
             self.given_back = True
             _held.discard(self)
             try:
-                deleted = self.storage.delete_run_file(LEASE_NAME, version)
+                deleted = self.storage.run_files.delete_run_file(LEASE_NAME, version)
                 if not deleted:
                     ours = self._still_ours()
-                    deleted = ours is not None and self.storage.delete_run_file(LEASE_NAME, ours)
+                    deleted = ours is not None and self.storage.run_files.delete_run_file(LEASE_NAME, ours)
                 self.info = None
                 if deleted:
                     logger.info("resumable: released the writer lease of %s", self.storage.url)
@@ -275,14 +275,14 @@ class Lease:
 
     def _landed(self, data: bytes) -> Any | None:
         """After a failed swap: did our write land anyway (a retry after a lost reply)?"""
-        found = self.storage.read_run_file(LEASE_NAME)
+        found = self.storage.run_files.read_run_file(LEASE_NAME)
         self._note_taker(found)
         return found[1] if found is not None and found[0] == data else None
 
     def _still_ours(self) -> Any | None:
         """The stored version when the lease still has our token, or is torn (by a write of ours
         that failed half-way where writes are not atomic: a contender would take it over too)."""
-        found = self.storage.read_run_file(LEASE_NAME)
+        found = self.storage.run_files.read_run_file(LEASE_NAME)
         self._note_taker(found)
         if found is None or self.info is None:
             return None

@@ -47,7 +47,7 @@ def may_take(storage: RunStorage, holder: LeaseInfo | None, version: Any, takeov
         warn("resumable: takeover=True: taking over the writer lease of %s; that process "
                        "stops writing at its next save", holder.describe())
     else:
-        server_age = storage.run_file_server_age(LEASE_NAME)
+        server_age = storage.run_files.run_file_server_age(LEASE_NAME)
         if holder.stale(server_age=server_age):
             clock = "the storage's clock" if server_age is not None else "this machine's clock"
             warn("resumable: taking over the stale writer lease of %s (not renewed for %s by "
@@ -73,7 +73,7 @@ def _torn_settled(storage: RunStorage, version: Any) -> bool:
     that is being taken. So one younger than `TORN_GRACE` (by its mtime; one dated in the
     future counts as just written) is watched until it is that old; GCS objects appear whole.
     """
-    age = storage.run_file_age(LEASE_NAME)
+    age = storage.run_files.run_file_age(LEASE_NAME)
     if age is None or age >= TORN_GRACE:
         return True
     deadline = time.monotonic() + TORN_GRACE - max(age, 0.0)
@@ -81,7 +81,7 @@ def _torn_settled(storage: RunStorage, version: Any) -> bool:
                 _url(storage), deadline - time.monotonic())
     while (left := deadline - time.monotonic()) > 0:
         time.sleep(min(TORN_POLL, left))
-        found = storage.read_run_file(LEASE_NAME)
+        found = storage.run_files.read_run_file(LEASE_NAME)
         if found is None or found[1] != version:
             return False
     return True
@@ -105,7 +105,7 @@ def _watch(storage: RunStorage, holder: LeaseInfo, version: Any, wait: float) ->
         while (left := wait - (time.monotonic() - started)) > 0:
             shown.left(left)
             time.sleep(min(poll, left))
-            found = storage.read_run_file(LEASE_NAME)
+            found = storage.run_files.read_run_file(LEASE_NAME)
             if found is None:
                 return None
             if found[1] != version:

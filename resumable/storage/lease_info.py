@@ -95,7 +95,7 @@ class LeaseInfo:
     def stale(self, now: dt.datetime | None = None, server_age: float | None = None) -> bool:
         """Not renewed for its timeout (its holder is gone, frozen or cut off from the storage), by a
         clock that can be trusted: the storage's (``server_age``: seconds since the lease was
-        last written, `RunStorage.run_file_server_age`) or ours, for a lease of this machine.
+        last written, `RunFiles.run_file_server_age`) or ours, for a lease of this machine.
         Another machine's renewal time alone never makes a lease stale: it is watched instead."""
         if server_age is not None and server_age > self.timeout:
             return True
@@ -162,7 +162,7 @@ class LeaseInfo:
 
 def read_lease(storage: RunStorage) -> LeaseInfo | None:
     """The run folder's lease, or None when nobody holds one (or it is unreadable). For readers."""
-    found = storage.read_run_file(LEASE_NAME)
+    found = storage.run_files.read_run_file(LEASE_NAME)
     return LeaseInfo.from_json(found[0]) if found else None
 
 

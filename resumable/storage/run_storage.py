@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from resumable.core.errors import CheckpointNotFoundError
-from resumable.core.manifest import FileEntry, Manifest
+from resumable.core.manifest import Manifest
 from resumable.core.naming import DEFAULT_TEMPLATE, NameTemplate
 from resumable.storage.commit import Committer
 from resumable.storage.folder import RunFolder
@@ -71,8 +71,11 @@ class RunStorage:
         self._listing = Listing(folder, NameTemplate(filename))
         self._index_upkeep = IndexUpkeep(folder, self._listing.check_folders)
         self._transfers = Transfers(folder)
-        self._committer = Committer(folder, self._listing, self._index_upkeep, self._transfers)
-        self._run_files = RunFiles(folder)
+        # The parts a writer uses directly: the commit protocol's steps (`commit.Committer`: a
+        # commit in place, a multi-host job's parts, the index deleted) and the small files
+        # beside the checkpoints (`run_files.RunFiles`: the lease).
+        self.committer = Committer(folder, self._listing, self._index_upkeep, self._transfers)
+        self.run_files = RunFiles(folder)
 
     def __repr__(self) -> str:
         return f"RunStorage({self.url!r})"
@@ -105,11 +108,11 @@ class RunStorage:
         The writer sets its lease's `Lease.fence` here: once another process took the run over,
         this one commits and deletes nothing more.
         """
-        return self._committer.fence
+        return self.committer.fence
 
     @fence.setter
     def fence(self, fence: Callable[[], None] | None) -> None:
-        self._committer.fence = fence
+        self.committer.fence = fence
 
     @property
     def template(self) -> NameTemplate:
@@ -223,40 +226,12 @@ class RunStorage:
         there while the next checkpoint is being serialized; see `Uploader.paused`).
         See `resumable.storage.commit` for the protocol.
         """
-        return self._committer.commit(local_dir, name, manifest, progress=progress,
+        return self.committer.commit(local_dir, name, manifest, progress=progress,
                                       between_chunks=between_chunks)
-
-    def begin_in_place(self, name: str) -> str:
-        """A local run's folder for checkpoint ``name``, leftovers of an interrupted commit cleared
-        (CheckpointExistsError when committed already): write its files there (`WrittenFiles`,
-        below `root`), then `commit_in_place`. See `resumable.storage.commit`."""
-        return self._committer.begin_in_place(name)
-
-    def commit_in_place(self, name: str, manifest: Manifest, written: dict[str, FileEntry]) -> CheckpointInfo:
-        """Commit the files written into `begin_in_place`'s folder: each synced to disk and its size
-        checked, then the manifest (each file's size and CRC32C as ``written``) written last."""
-        return self._committer.commit_in_place(name, manifest, written)
-
-    # A checkpoint written by several processes: `commit` in three steps (see storage/commit.py).
-
-    def prepare_commit(self, name: str) -> None:
-        """Clear an interrupted or corrupt commit of ``name`` before any process uploads into it;
-        CheckpointExistsError if ``name`` is committed."""
-        self._committer.prepare(name)
-
-    def upload_part(self, local_dir: str | Path, name: str, *, progress: bool = False,
-                    between_chunks: Callable[[], None] | None = None) -> dict[str, FileEntry]:
-        """Upload this process's files of checkpoint ``name`` (no manifest); each one's size and CRC32C."""
-        return self._committer.upload(local_dir, name, progress=progress, between_chunks=between_chunks)
-
-    def commit_manifest(self, name: str, manifest: Manifest) -> CheckpointInfo:
-        """Commit ``name`` once every process uploaded its part: ``manifest`` lists all their files;
-        written last, create-only, after the fence."""
-        return self._committer.finish(name, manifest)
 
     def delete(self, checkpoint: CheckpointInfo | str) -> None:
         """Delete a checkpoint folder: the manifest first, so a half-done delete reads as partial."""
-        self._committer.delete(checkpoint if isinstance(checkpoint, str) else checkpoint.name)
+        self.committer.delete(checkpoint if isinstance(checkpoint, str) else checkpoint.name)
 
     def delete_many(self, checkpoints: Sequence[CheckpointInfo | str]) -> Iterator[str]:
         """Delete checkpoint folders in turn, yielding each name once it is gone.
@@ -272,43 +247,12 @@ class RunStorage:
                 listed[checkpoint] = {}
             else:
                 listed[checkpoint.name] = dict(checkpoint.listed) if checkpoint.checked else {}
-        return self._committer.delete_listed(listed)
+        return self.committer.delete_listed(listed)
 
     def remove_stray_index_copies(self) -> builtins.list[str]:
         """Delete what writers gone from this machine left of their index writes in a local run
         folder (``index.json.<pid>.tmp``); the names deleted. For a writer that holds the lease."""
         return remove_stray_copies(self._folder)
-
-    def delete_index(self) -> None:
-        """Delete the run index once every checkpoint is deleted, after the lease check (`fence`)."""
-        self._committer.delete_index()
-
-    # ----------------------------------------------------------------- small files (the lease)
-
-    def read_run_file(self, name: str) -> tuple[bytes, Any] | None:
-        """``(bytes, version)`` of file ``name`` directly in the run folder, or None if absent."""
-        return self._run_files.read_run_file(name)
-
-    def create_run_file(self, name: str, data: bytes) -> Any | None:
-        """Create file ``name`` holding ``data`` only if it is absent; its version, or None if present."""
-        return self._run_files.create_run_file(name, data)
-
-    def replace_run_file(self, name: str, data: bytes, version: Any) -> Any | None:
-        """Replace file ``name`` with ``data`` only if it still is ``version``; the new version, or None."""
-        return self._run_files.replace_run_file(name, data, version)
-
-    def run_file_age(self, name: str) -> float | None:
-        """Seconds since file ``name`` was last written where readers may see it half-written
-        (local disks and mounts); None elsewhere, or when it is gone."""
-        return self._run_files.run_file_age(name)
-
-    def run_file_server_age(self, name: str) -> float | None:
-        """`RunFiles.run_file_server_age`: the file's age by the storage's clock, where it tells it."""
-        return self._run_files.run_file_server_age(name)
-
-    def delete_run_file(self, name: str, version: Any) -> bool:
-        """Delete file ``name`` only if it still is ``version``; False when it changed or is gone."""
-        return self._run_files.delete_run_file(name, version)
 
     def _info(self, checkpoint: CheckpointInfo | str) -> CheckpointInfo:
         return self.get(checkpoint) if isinstance(checkpoint, str) else checkpoint

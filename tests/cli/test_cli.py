@@ -343,7 +343,7 @@ def test_prune_refuses_while_a_writer_holds_the_lease(capsys: pytest.CaptureFixt
     now = datetime.now(timezone.utc)
     holder = LeaseInfo(token="t", host="colab-vm-2", pid=4242, started=now, renewed=now, timeout=600)
     storage = RunStorage(url)
-    assert storage.create_run_file("lease.json", holder.to_json()) is not None
+    assert storage.run_files.create_run_file("lease.json", holder.to_json()) is not None
     code, out, err = cli(capsys, "prune", url, "--keep-last", "1", "--yes")
     assert code == 2
     assert err.startswith(f"error: {url} is being written by host 'colab-vm-2', process 4242, since ")
@@ -354,7 +354,7 @@ def test_prune_refuses_while_a_writer_holds_the_lease(capsys: pytest.CaptureFixt
     assert code == 0, err
     assert "warning: deleting while host 'colab-vm-2'" in err
     assert remaining(url) == ["ckpt-000003", "ckpt-000006"]
-    found = storage.read_run_file("lease.json")
+    found = storage.run_files.read_run_file("lease.json")
     assert found is not None and found[0] == holder.to_json()  # the writer's lease is left alone
 
 
@@ -368,14 +368,14 @@ def test_prune_holds_the_lease_while_deleting_and_gives_it_back(
 
     def watched(self: RunStorage, infos: Any) -> Iterator[str]:
         for name in original(self, infos):  # each one just deleted
-            seen.append(self.read_run_file("lease.json") is not None)
+            seen.append(self.run_files.read_run_file("lease.json") is not None)
             yield name
 
     monkeypatch.setattr(RunStorage, "delete_many", watched)
     code, _, err = cli(capsys, "prune", url, "--keep-last", "1", "--yes")
     assert code == 0, err
     assert seen == [True] * 4
-    assert RunStorage(url).read_run_file("lease.json") is None
+    assert RunStorage(url).run_files.read_run_file("lease.json") is None
 
 
 def test_prune_refuses_without_a_terminal_or_yes(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

@@ -56,11 +56,11 @@ def arm_kill(modules: tuple[Any, ...], owner: Any, method: str, at: int) -> None
 def arm_in_place_kill(at: int) -> None:
     """SIGKILL this process in the ``at``-th checkpoint written in place (a local run), once part
     of its first file is on disk and before the file is complete."""
-    from resumable.manager.run_writer import RunWriter
+    from resumable.manager.commits import InPlace
     from resumable.storage.written_files import ChecksummedFile
 
     calls = [0]
-    original_commit = RunWriter._commit_in_place
+    original_commit = InPlace.run
     original_write = ChecksummedFile.write
 
     def counting(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -74,7 +74,7 @@ def arm_in_place_kill(at: int) -> None:
             os.kill(os.getpid(), signal.SIGKILL)
         return written
 
-    RunWriter._commit_in_place = counting  # type: ignore[method-assign]
+    InPlace.run = counting  # type: ignore[method-assign]
     ChecksummedFile.write = killing  # type: ignore[method-assign]
 
 

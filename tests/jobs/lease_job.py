@@ -77,7 +77,7 @@ def main(argv: list[str]) -> int:
         def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
             if args.hold and run.callback.epochs_done >= 1:
                 deadline = time.monotonic() + args.hold
-                while time.monotonic() < deadline and run.callback.manager.lease.lost is None:
+                while time.monotonic() < deadline and run.callback.manager.writer.lease.lost is None:
                     time.sleep(0.05)
 
     rng = np.random.default_rng(0)

@@ -201,11 +201,11 @@ def measure_save(model: Any) -> None:
     """What one save of this process's part costs in memory: taken, then written, as the callback does."""
     import tempfile
 
-    from resumable.keras import multihost
+    from resumable.keras import multihost_parts
 
     with tempfile.TemporaryDirectory() as folder:
         before = peak_reset()
-        part = multihost.snapshot(model, state={}, arrays={})
+        part = multihost_parts.snapshot(model, state={}, arrays={})
         held = part.nbytes
         part.write(Path(folder) / "part")
         print(f"MEMORY save={peak() - before} snapshot={held}", flush=True)
@@ -213,9 +213,9 @@ def measure_save(model: Any) -> None:
 
 def slow_first_upload(seconds: float) -> None:
     """Make this process's first part upload wait (a slow host), to run into the others' barrier."""
-    from resumable.storage import RunStorage
+    from resumable.storage.commit import Committer
 
-    original = RunStorage.upload_part
+    original = Committer.upload
     calls = []
 
     def upload_part(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -224,7 +224,7 @@ def slow_first_upload(seconds: float) -> None:
             time.sleep(seconds)
         return original(self, *args, **kwargs)
 
-    RunStorage.upload_part = upload_part  # type: ignore[method-assign]
+    Committer.upload = upload_part  # type: ignore[method-assign]
 
 
 def backup_and_restore(args: argparse.Namespace, devices: list[Any]) -> int:

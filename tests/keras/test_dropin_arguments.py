@@ -71,8 +71,8 @@ def test_every_value_is_checked_at_construction(tmp_path: Path) -> None:
     assert resumable.ModelCheckpoint(file, verbose="auto").verbose == 1  # Keras' "verbose > 0" prints
     for when_behind in ("skip", "wait"):
         assert resumable.CheckpointCallback(folder, when_behind=when_behind).when_behind == when_behind
-        assert resumable.BackupAndRestore(folder, when_behind=when_behind).manager.uploader.when_behind == (
-            when_behind)
+        backup = resumable.BackupAndRestore(folder, when_behind=when_behind)
+        assert backup.manager.writer.uploader.when_behind == when_behind
     bad: list[tuple[Any, dict[str, Any], str]] = [
         (resumable.ModelCheckpoint, {"verbose": "loud"}, "`verbose`. Received: verbose='loud'"),
         (resumable.ModelCheckpoint, {"verbose": -1}, "`verbose`"),

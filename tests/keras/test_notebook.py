@@ -181,7 +181,7 @@ slow = keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: time.slee
     "model.fit(x, y, epochs=200, callbacks=[callback, slow], verbose=0)",
     """holder = read_lease(RunStorage(RUN))
 print("lease:", json.dumps(holder.describe() if holder else None))
-print("pending:", json.dumps(callback.manager.uploader.pending))""",
+print("pending:", json.dumps(callback.manager.writer.uploader.pending))""",
 ]
 
 

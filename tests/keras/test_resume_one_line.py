@@ -74,7 +74,7 @@ def _dead_lease(url: str) -> None:
     now = dt.datetime.now(dt.timezone.utc)
     gone = LeaseInfo(token="x", host=this_machine.HOST, pid=int(child.stdout), started=now, renewed=now,
                      timeout=600, boot_id=this_machine.BOOT_ID)
-    assert RunStorage(url).create_run_file(LEASE_NAME, gone.to_json()) is not None
+    assert RunStorage(url).run_files.create_run_file(LEASE_NAME, gone.to_json()) is not None
 
 
 def test_every_resume_says_one_line_on_stderr(tmp_path: Path) -> None:

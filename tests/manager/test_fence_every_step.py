@@ -77,7 +77,7 @@ def save(tmp_path: Path, change: Callable[[str], None] | None, at: int) -> tuple
     manager, the steps, and the log's length when the lease changed (-1: it did not)."""
     url = f"memory://fence-{uuid.uuid4().hex[:10]}"
     manager = RunManager(url, staging_dir=tmp_path / f"s-{at}", async_upload=False)
-    manager.acquire()
+    manager.writer.acquire()
     commit(manager, 1)
     manager.storage.fs.pipe_file(f"{manager.storage.root}/ckpt-000002/model.keras", b"half")  # a partial
     manager.retention = Retention(keep_last=1)
@@ -99,11 +99,11 @@ def save(tmp_path: Path, change: Callable[[str], None] | None, at: int) -> tuple
 
 def commit(manager: RunManager, epoch: int) -> None:
     name = f"ckpt-{epoch:06d}"
-    folder = manager.stage(name)
+    folder = manager.writer.stage(name)
     folder.mkdir(parents=True)
     (folder / "model.keras").write_bytes(bytes([epoch]) * 1000)
     (folder / "state.json").write_bytes(b'{"epoch": %d}' % epoch)
-    manager.submit(folder, name, Manifest(epoch=epoch, step=epoch * 10))
+    manager.writer.submit(folder, name, Manifest(epoch=epoch, step=epoch * 10))
 
 
 def taken_over(url: str) -> None:
@@ -137,7 +137,7 @@ def test_no_manifest_write_and_no_delete_after_the_lease_changed(tmp_path: Path,
         forbidden = [(kind, path) for kind, path in after if not path.endswith(LEASE_NAME) and (
             kind == "delete" or path.endswith(MANIFEST_NAME) and kind == "write")]
         assert forbidden == [], f"after step {at}: {forbidden}"
-        statuses = {c.name: c.status.value for c in RunStorage(manager.url).list()}
+        statuses = {c.name: c.status.value for c in RunStorage(manager.storage.url).list()}
         assert "corrupt" not in statuses.values(), f"after step {at}: {statuses}"
         assert statuses.get("ckpt-000001") == "ok" or statuses.get("ckpt-000002") == "ok"
 
@@ -157,5 +157,5 @@ def test_a_commit_after_the_lease_was_given_back_takes_it_again_first(tmp_path: 
     assert ("write", lease) in log[:manifest]  # taken again
     assert log[manifest - 1] == ("read", lease)  # and read afresh right before the manifest
     assert [path for kind, path in log[manifest:] if kind == "delete"] == [lease]  # retention waits
-    assert not manager.lease.held and not manager.storage.fs.exists(lease)  # given back again
+    assert not manager.writer.lease.held and not manager.storage.fs.exists(lease)  # given back again
     assert [c.name for c in manager.storage.list() if c.ok] == ["ckpt-000002", "ckpt-000003"]

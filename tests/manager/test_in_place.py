@@ -1,4 +1,4 @@
-"""A local run's checkpoints written straight into their folder (RunManager._commit_in_place)."""
+"""A local run's checkpoints written straight into their folder (manager/commits.py: InPlace)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -33,13 +34,14 @@ def write_files(folder: Path, root: str | None) -> dict[str, FileEntry]:
 
 def commit(manager: RunManager, epoch: int) -> None:
     name = f"ckpt-{epoch:06d}"
-    manager.submit(manager.stage(name), name, Manifest(epoch=epoch, step=epoch), write=write_files)
+    manager.writer.submit(manager.writer.stage(name), name, Manifest(epoch=epoch, step=epoch),
+                   files=SimpleNamespace(write=write_files))
 
 
 def commit_once(tmp_path: Path) -> None:
     """ckpt-000001 committed into ``tmp_path / "run"`` by a manager that then lets the run go."""
     manager = RunManager(str(tmp_path / "run"), staging_dir=tmp_path / "staging", async_upload=False)
-    manager.acquire()
+    manager.writer.acquire()
     try:
         commit(manager, 1)
     finally:
@@ -90,7 +92,7 @@ def test_a_committed_files_pages_are_left_to_the_kernel(tmp_path: Path) -> None:
 
 def test_a_committed_checkpoint_is_never_written_over(tmp_path: Path) -> None:
     manager = RunManager(str(tmp_path / "run"), staging_dir=tmp_path / "staging", async_upload=False)
-    manager.acquire()
+    manager.writer.acquire()
     try:
         commit(manager, 1)
         before = (tmp_path / "run" / "ckpt-000001" / "manifest.json").read_bytes()
@@ -109,10 +111,12 @@ sys.path.insert(0, {tests!r})
 from manager.test_in_place import commit, PAYLOAD
 from resumable.core.manifest import Manifest
 from resumable.manager.run_manager import RunManager
+from types import SimpleNamespace
+
 from resumable.storage.written_files import WrittenFiles
 
 manager = RunManager({url!r}, staging_dir={staging!r}, async_upload=False)
-manager.acquire()
+manager.writer.acquire()
 commit(manager, 1)
 
 def torn(folder, root):  # killed in the middle of model.keras, as a runtime dies
@@ -121,7 +125,8 @@ def torn(folder, root):  # killed in the middle of model.keras, as a runtime die
     file.write(PAYLOAD[: len(PAYLOAD) // 2])
     os.kill(os.getpid(), signal.SIGKILL)
 
-manager.submit(manager.stage("ckpt-000002"), "ckpt-000002", Manifest(epoch=2, step=2), write=torn)
+manager.writer.submit(manager.writer.stage("ckpt-000002"), "ckpt-000002", Manifest(epoch=2, step=2),
+               files=SimpleNamespace(write=torn))
 """
 
 
@@ -140,7 +145,7 @@ def test_a_process_killed_while_writing_in_place_leaves_a_partial_folder_never_u
     assert latest is not None and latest.name == "ckpt-000001"
 
     manager = RunManager(url, staging_dir=tmp_path / "staging", async_upload=False, takeover=True)
-    manager.acquire()
+    manager.writer.acquire()
     try:
         commit(manager, 2)  # the torn leftovers are cleared, then written again whole
     finally:

@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -90,7 +91,7 @@ def in_threads(work: list[Callable[[], Any]]) -> list[Any]:
 
 def jobs(url: str, count: int, timeout: float = 10.0, **kwargs: Any) -> list[JobCommit]:
     storage = RunStorage(url)
-    prepare = kwargs.pop("prepare", storage.prepare_commit)
+    prepare = kwargs.pop("prepare", storage.committer.prepare)
     return [JobCommit(RunStorage(url), channel, timeout=timeout, prepare=prepare, **kwargs)
             for channel in channels(count)]
 
@@ -179,7 +180,7 @@ def test_a_job_taken_over_writes_nothing_more(tmp_path: Path) -> None:
 def test_a_file_reported_by_two_processes_is_refused(tmp_path: Path) -> None:
     url = str(tmp_path / "run")
     group = channels(2)
-    chief = JobCommit(RunStorage(url), group[0], timeout=10, prepare=RunStorage(url).prepare_commit)
+    chief = JobCommit(RunStorage(url), group[0], timeout=10, prepare=RunStorage(url).committer.prepare)
 
     def process_1() -> None:  # reports process 0's listing as its own (two processes wrote one file)
         assert group[1].get("commit/ckpt-000001/1/ready", 10) is not None
@@ -204,11 +205,8 @@ def test_a_part_that_could_not_be_written_fails_the_round_and_its_retry(tmp_path
         part(folder, 1, size=10)  # half written, then the disk is full
         raise OSError(28, "No space left on device")
 
-    writers = [committers[0].writer(staged[0], lambda f, root: part(f, 0)),
-               committers[1].writer(staged[1], broken)]
-    for writer, folder in zip(writers, staged, strict=True):
-        assert writer is not None
-        writer(folder, None)  # as the uploader calls it (a part is staged): never raises
+    committers[0].write_part(staged[0], lambda: part(staged[0], 0))  # as the uploader's job writes
+    committers[1].write_part(staged[1], lambda: broken(staged[1], None))  # its part: never raises
     for _ in range(2):  # the round, then its retry: never half the files
         results = in_threads([lambda i=i: committers[i].commit(staged[i], "ckpt-000001", Manifest(epoch=1))
                               for i in range(2)])
@@ -220,7 +218,7 @@ def test_a_part_that_could_not_be_written_fails_the_round_and_its_retry(tmp_path
 def test_finished_rounds_are_forgotten(tmp_path: Path) -> None:
     url = str(tmp_path / "run")
     group = channels(2)
-    committers = [JobCommit(RunStorage(url), c, timeout=10, prepare=RunStorage(url).prepare_commit)
+    committers = [JobCommit(RunStorage(url), c, timeout=10, prepare=RunStorage(url).committer.prepare)
                   for c in group]
     for epoch in (1, 2, 3):
         name = f"ckpt-{epoch:06d}"
@@ -249,17 +247,19 @@ def test_run_manager_commits_in_order_and_only_process_0_applies_retention(tmp_p
                            process_index=i) for i in range(2)]
     reported: list[list[str]] = [[], []]
     for i, manager in enumerate(managers):
-        manager.every_process_writes(group[i], timeout=10)
-        manager.on_commit = lambda info, i=i: reported[i].append(info.name)
-        assert manager.uploader.when_behind == "wait"  # no process skips a checkpoint the others commit
+        manager.writer.every_process_writes(group[i], timeout=10)
+        manager.listener = SimpleNamespace(committed=lambda info, i=i: reported[i].append(info.name),
+                                           skipped=print)
+        assert manager.writer.uploader.when_behind == "wait"  # no process skips one the others commit
         assert not manager.writes_in_place  # a local run, yet each process's part is staged, then uploaded
-    managers[0].acquire()
+    managers[0].writer.acquire()
 
     def train(i: int) -> None:
         for epoch in (1, 2, 3):
             name = f"ckpt-{epoch:06d}"
-            folder = managers[i].stage(name)
-            managers[i].submit(folder, name, Manifest(epoch=epoch), write=lambda f, root, i=i: part(f, i))
+            folder = managers[i].writer.stage(name)
+            managers[i].writer.submit(folder, name, Manifest(epoch=epoch),
+                               files=SimpleNamespace(write=lambda f, root, i=i: part(f, i)))
         managers[i].wait()
 
     results = in_threads([lambda i=i: train(i) for i in range(2)])
@@ -277,8 +277,8 @@ def test_a_failed_round_is_dropped_on_every_process_never_retried(tmp_path: Path
     group = channels(2)
     managers = [RunManager(url, staging_dir=tmp_path / f"s{i}", process_index=i) for i in range(2)]
     for i, manager in enumerate(managers):
-        manager.every_process_writes(group[i], timeout=10)
-    managers[0].acquire()
+        manager.writer.every_process_writes(group[i], timeout=10)
+    managers[0].writer.acquire()
 
     def write(folder: Path, i: int, epoch: int) -> None:
         if i == 1 and epoch in (1, 3):  # process 1 cannot write its part of epochs 1 and 3
@@ -289,9 +289,9 @@ def test_a_failed_round_is_dropped_on_every_process_never_retried(tmp_path: Path
         errors = []
         for epoch in (1, 2, 3):
             name = f"ckpt-{epoch:06d}"
-            folder = managers[i].stage(name)
-            managers[i].submit(folder, name, Manifest(epoch=epoch),
-                               write=lambda f, root, i=i, e=epoch: write(f, i, e))
+            folder = managers[i].writer.stage(name)
+            managers[i].writer.submit(folder, name, Manifest(epoch=epoch),
+                               files=SimpleNamespace(write=lambda f, root, i=i, e=epoch: write(f, i, e)))
             try:
                 managers[i].wait()
             except ResumableError as e:
@@ -306,7 +306,7 @@ def test_a_failed_round_is_dropped_on_every_process_never_retried(tmp_path: Path
     assert all(isinstance(r, list) for r in results), results
     for errors in results:  # each process is told of epochs 1 and 3, once each
         assert len(errors) == 2 and all("Input/output error" in e for e in errors), errors
-    assert [m.uploader.committed for m in managers] == [["ckpt-000002"]] * 2  # none retried, none skipped
+    assert [m.writer.uploader.committed for m in managers] == [["ckpt-000002"]] * 2  # none retried or skipped
     assert [c.name for c in RunStorage(url).list() if c.ok] == ["ckpt-000002"]
 
 

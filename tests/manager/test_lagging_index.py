@@ -160,13 +160,13 @@ def test_the_index_is_repaired_once_by_the_writer_holding_the_lease(
     assert index_writes == [] and raw(storage, run_index.INDEX_NAME) == before  # readers write nothing
 
     writer = RunManager(run_url, staging_dir=tmp_path / "writer", async_upload=False)
-    writer.acquire()
+    writer.writer.acquire()
     try:
         for epoch in (COUNT + 1, COUNT + 2):
-            folder = writer.stage(name_of(epoch))
+            folder = writer.writer.stage(name_of(epoch))
             folder.mkdir(parents=True)
             (folder / "model.weights.h5").write_bytes(bytes([epoch]) * 64)
-            writer.submit(folder, name_of(epoch), Manifest(epoch=epoch, step=epoch * 10))
+            writer.writer.submit(folder, name_of(epoch), Manifest(epoch=epoch, step=epoch * 10))
             if epoch == COUNT + 1:
                 # the first commit mended the index: every checkpoint, in its one write
                 assert sorted(indexed(storage)) == [name_of(e) for e in range(1, COUNT + 2)]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -19,11 +20,11 @@ from resumable.storage.lease import Lease
 def save(manager: RunManager, epoch: int, size: int = 100, metrics: dict[str, float] | None = None) -> None:
     """What the Keras callback does for one checkpoint, with plain files."""
     name = manager.storage.template.format(epoch, epoch * 10, {}, mid_epoch=False)
-    folder = manager.stage(name)
-    with manager.serializing():
+    folder = manager.writer.stage(name)
+    with manager.writer.uploader.paused():
         folder.mkdir(parents=True)
         (folder / "model.keras").write_bytes(bytes([epoch]) * size)
-    manager.submit(folder, name, Manifest(epoch=epoch, step=epoch * 10, metrics=metrics or {}))
+    manager.writer.submit(folder, name, Manifest(epoch=epoch, step=epoch * 10, metrics=metrics or {}))
 
 
 def names(storage: RunStorage) -> list[str]:
@@ -36,8 +37,8 @@ def test_commits_and_applies_retention_after_each_commit(run_url: str, tmp_path:
     manager = RunManager(run_url, staging_dir=tmp_path / "staging", retention=Retention(keep_last=2),
                          async_upload=async_upload)
     committed = []
-    manager.on_commit = lambda info: committed.append(info.name)
-    manager.acquire()
+    manager.listener = SimpleNamespace(committed=lambda info: committed.append(info.name), skipped=print)
+    manager.writer.acquire()
     for epoch in (1, 2, 3, 4):
         save(manager, epoch)
         manager.wait()  # one at a time: a newer save would replace a waiting one
@@ -45,14 +46,14 @@ def test_commits_and_applies_retention_after_each_commit(run_url: str, tmp_path:
     assert names(manager.storage) == ["ckpt-000003", "ckpt-000004"]
     assert committed == ["ckpt-000001", "ckpt-000002", "ckpt-000003", "ckpt-000004"]
     assert manager.last_checkpoint is not None and manager.last_checkpoint.name == "ckpt-000004"
-    assert not manager.lease.held
+    assert not manager.writer.lease.held
 
 
 def test_retention_never_deletes_the_checkpoint_just_committed(run_url: str, tmp_path: Path) -> None:
     # best by val_loss is epoch 1; keep_last=1 keeps epoch 3; the one committed is protected too
     manager = RunManager(run_url, staging_dir=tmp_path / "s", async_upload=False,
                          retention=Retention(keep_last=1, keep_best=1, monitor="val_loss", mode="min"))
-    manager.acquire()
+    manager.writer.acquire()
     for epoch, loss in ((1, 0.1), (2, 0.5), (3, 0.9)):
         save(manager, epoch, metrics={"val_loss": loss})
     manager.release()
@@ -64,7 +65,7 @@ def test_retention_never_deletes_the_checkpoint_just_committed(run_url: str, tmp
 
 def test_the_cli_prune_and_retention_share_one_plan_and_one_delete(run_url: str, tmp_path: Path) -> None:
     manager = RunManager(run_url, staging_dir=tmp_path / "s", async_upload=False)
-    manager.acquire()
+    manager.writer.acquire()
     for epoch in (1, 2, 3):
         save(manager, epoch, size=1000)
     manager.release()
@@ -73,18 +74,18 @@ def test_the_cli_prune_and_retention_share_one_plan_and_one_delete(run_url: str,
     plan = pruner.plan_pruning(Retention(keep_last=1))
     assert [c.name for c in plan.doomed] == ["ckpt-000001", "ckpt-000002"]
     assert plan.freed == sum(c.size for c in plan.doomed) > 2000
-    with pruner.writing() as other_writer:
-        assert other_writer is None and pruner.lease.held
-        deleted = pruner.prune(plan.doomed)
+    with pruner.writer.writing() as other_writer:
+        assert other_writer is None and pruner.writer.lease.held
+        deleted = pruner.writer.prune(plan.doomed)
     assert deleted == ["ckpt-000001", "ckpt-000002"]
     assert names(pruner.storage) == ["ckpt-000003"]
-    assert not pruner.lease.held
+    assert not pruner.writer.lease.held
 
 
 def test_writing_refuses_while_another_process_writes_unless_forced(tmp_path: Path) -> None:
     url = str(tmp_path / "run")
     first = RunManager(url, staging_dir=tmp_path / "first", async_upload=False)
-    first.acquire()
+    first.writer.acquire()
     save(first, 1)
     first.release()
     holder = subprocess.Popen(
@@ -96,11 +97,11 @@ def test_writing_refuses_while_another_process_writes_unless_forced(tmp_path: Pa
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
         manager = RunManager(url, staging_dir=tmp_path / "s")
-        with pytest.raises(LeaseHeldError), manager.writing():
+        with pytest.raises(LeaseHeldError), manager.writer.writing():
             pass
-        with manager.writing(force=True) as other_writer:
+        with manager.writer.writing(force=True) as other_writer:
             assert other_writer is not None and other_writer.pid == holder.pid
-            assert not manager.lease.held  # forced: the other writer keeps its lease
+            assert not manager.writer.lease.held  # forced: the other writer keeps its lease
             manager.storage.delete("ckpt-000001")  # not fenced: the user forced it
         assert names(manager.storage) == []
         assert manager.blocking_writer() is not None
@@ -113,27 +114,27 @@ def test_writing_refuses_while_another_process_writes_unless_forced(tmp_path: Pa
 def test_a_writer_whose_lease_was_taken_over_deletes_nothing(tmp_path: Path) -> None:
     url = str(tmp_path / "run")
     manager = RunManager(url, staging_dir=tmp_path / "s", async_upload=False)
-    manager.acquire()
+    manager.writer.acquire()
     for epoch in (1, 2):
         save(manager, epoch)
     Lease(manager.storage).acquire(takeover=True)  # another writer takes the run over
     with pytest.raises(LeaseLostError):
-        manager.lease.renew()
+        manager.writer.lease.renew()
     plan = manager.plan_pruning(Retention(keep_last=1))
     assert [c.name for c in plan.doomed] == ["ckpt-000001"]
     with pytest.raises(LeaseLostError):
-        manager.prune(plan.doomed)
+        manager.writer.prune(plan.doomed)
     manager.retention = Retention(keep_last=1)
-    manager.apply_retention()  # a warning-free no-op after a takeover
+    manager.writer.apply_retention()  # a warning-free no-op after a takeover
     assert names(manager.storage) == ["ckpt-000001", "ckpt-000002"]
     with pytest.raises(LeaseLostError):
-        manager.stage("ckpt-000003")
+        manager.writer.stage("ckpt-000003")
 
 
 def test_fetch_newest_falls_back_past_a_damaged_checkpoint_and_remembers_it(run_url: str, backend: str,
                                                                            tmp_path: Path) -> None:
     writer = RunManager(run_url, staging_dir=tmp_path / "w", async_upload=False)
-    writer.acquire()
+    writer.writer.acquire()
     for epoch in (1, 2):
         save(writer, epoch)
     writer.release()
@@ -161,7 +162,7 @@ def test_fetch_newest_falls_back_past_a_damaged_checkpoint_and_remembers_it(run_
 def test_a_new_run_into_a_folder_holding_one_is_refused(tmp_path: Path) -> None:
     url = str(tmp_path / "run")
     first = RunManager(url, staging_dir=tmp_path / "a", async_upload=False)
-    first.acquire()
+    first.writer.acquire()
     save(first, 1)
     first.release()
     second = RunManager(url, staging_dir=tmp_path / "b")

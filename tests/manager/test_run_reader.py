@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from storage_helpers import commit, names, put_raw
@@ -71,27 +72,28 @@ def test_the_first_write_builds_the_writer_and_fences_the_storage_first(two_chec
     assert manager.storage.fence is None and read_lease(storage) is None
 
     committed: list[str] = []
-    manager.on_commit = lambda info: committed.append(info.name)  # set before the writer exists
+    manager.listener = SimpleNamespace(committed=lambda info: committed.append(info.name),  # set before
+                                       skipped=print)  # the writer exists
     manager.retention = Retention(keep_last=1)  # so is this: the writer reads it when it prunes
     with built(Lease, Uploader) as writers:
-        manager.acquire()
+        manager.writer.acquire()
     assert writers == {"Lease": 1, "Uploader": 1}  # the writer, built at the first call that writes
-    assert manager.storage.fence == manager.lease.fence  # fenced before the first write
+    assert manager.storage.fence == manager.writer.lease.fence  # fenced before the first write
     holder = read_lease(storage)
-    assert holder is not None and holder.mine() and manager.lease.held
+    assert holder is not None and holder.mine() and manager.writer.lease.held
     assert "lease held=True" in repr(manager)
-    folder = manager.stage("ckpt-000003")
-    with manager.serializing():
+    folder = manager.writer.stage("ckpt-000003")
+    with manager.writer.uploader.paused():
         folder.mkdir(parents=True)
         (folder / "model.keras").write_bytes(b"\3" * 100)
-    manager.submit(folder, "ckpt-000003", Manifest(epoch=3, step=30))
+    manager.writer.submit(folder, "ckpt-000003", Manifest(epoch=3, step=30))
     assert manager.wait() is True
     manager.release()
     assert committed == ["ckpt-000003"]
     assert manager.last_checkpoint is not None and manager.last_checkpoint.name == "ckpt-000003"
     assert "ckpt-000003" in names(c for c in storage.list() if c.ok)
     assert "ckpt-000001" not in names(storage.list())  # retention set before the writer was built
-    assert read_lease(storage) is None and not manager.lease.held
+    assert read_lease(storage) is None and not manager.writer.lease.held
 
 
 # Not on gs://: its listings compare CRC32Cs, so a damaged checkpoint is passed over there, not found damaged.
@@ -105,11 +107,11 @@ def test_a_resume_replaces_the_damaged_checkpoint_it_found(two_checkpoints: RunS
     manager.damaged.add("ckpt-000001")  # a copy: the reader's set changes only through its methods
     assert manager.damaged == {"ckpt-000002"}
     manager.resumed_from(found[0], manager.damaged)
-    manager.acquire()
-    folder = manager.stage("ckpt-000002")
+    manager.writer.acquire()
+    folder = manager.writer.stage("ckpt-000002")
     folder.mkdir(parents=True)
     (folder / "model.keras").write_bytes(b"\2" * 100)
-    manager.submit(folder, "ckpt-000002", Manifest(epoch=2, step=20))
+    manager.writer.submit(folder, "ckpt-000002", Manifest(epoch=2, step=20))
     manager.release()
     assert manager.damaged == set()
     assert storage.verify("ckpt-000002") == []

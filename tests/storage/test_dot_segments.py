@@ -58,12 +58,12 @@ def tree_digest(root: Path) -> str:
 def hostile_run(gcs_bucket: str, tmp_path: Path) -> str:
     url = f"{gcs_bucket}/runs/exp1"
     manager = RunManager(url, staging_dir=tmp_path / "writer", async_upload=False)
-    manager.acquire()
+    manager.writer.acquire()
     for epoch in (1, 2):
-        staged = manager.stage(f"ckpt-{epoch:06d}")
+        staged = manager.writer.stage(f"ckpt-{epoch:06d}")
         staged.mkdir(parents=True)
         (staged / "model.keras").write_bytes(bytes([epoch]) * 64)
-        manager.submit(staged, f"ckpt-{epoch:06d}", Manifest(epoch=epoch, step=epoch * 10))
+        manager.writer.submit(staged, f"ckpt-{epoch:06d}", Manifest(epoch=epoch, step=epoch * 10))
     manager.release()
     put_hostile_objects(gcs_bucket, "runs/exp1")
     return url

@@ -31,18 +31,19 @@ def history(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[Tree], dict[
     root = base / "run"
     manager = RunManager(str(root), staging_dir=base / "staging", async_upload=False,
                          retention=Retention(keep_last=3))
-    manager.acquire()
+    manager.writer.acquire()
     rng = random.Random(2026)
     snapshots: list[Tree] = [{}]
     committed: dict[str, Tree] = {}
     for epoch in range(1, COMMITS + 1):
         name = f"ckpt-{epoch:06d}"
-        staged = manager.stage(name)
+        staged = manager.writer.stage(name)
         (staged / "assets").mkdir(parents=True)
         (staged / "model.keras").write_bytes(rng.randbytes(rng.randrange(2_000, 20_000)))
         (staged / "state.json").write_bytes(b'{"epoch": %d}' % epoch)
         (staged / "assets" / "vocab.txt").write_bytes(rng.randbytes(100))
-        manager.submit(staged, name, Manifest(epoch=epoch, step=epoch * 10, metrics={"loss": 1 / epoch}))
+        manifest = Manifest(epoch=epoch, step=epoch * 10, metrics={"loss": 1 / epoch})
+        manager.writer.submit(staged, name, manifest)
         snapshots.append(snapshot(root))
         committed[name] = files_of(snapshots[-1], name)
         assert MANIFEST in committed[name]

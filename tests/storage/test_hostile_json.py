@@ -266,12 +266,12 @@ def test_a_hostile_index_is_ignored_rebuilt_and_never_stops_retention(run: Path,
     # The next commit mends the index from the manifests; retention deletes as planned.
     manager = RunManager(str(run), staging_dir=run.parent / "staging", async_upload=False,
                          retention=Retention(keep_last=2))
-    manager.acquire()
+    manager.writer.acquire()
     try:
-        stage = manager.stage(HOSTILE)
+        stage = manager.writer.stage(HOSTILE)
         stage.mkdir(parents=True)
         (stage / "model.keras").write_bytes(MODEL)
-        manager.submit(stage, HOSTILE, manifest(4))
+        manager.writer.submit(stage, HOSTILE, manifest(4))
     finally:
         manager.release()
     assert [i.name for i in storage.list()] == ["ckpt-000003", HOSTILE]
@@ -434,8 +434,8 @@ def test_a_huge_lease_is_read_no_further_than_the_limit(run_url: str) -> None:
     from resumable.storage.run_files import READ_LIMIT
 
     storage = RunStorage(run_url)
-    assert storage.create_run_file("lease.json", b"[" + b" " * (8 * READ_LIMIT) + b"]") is not None
-    found = storage.read_run_file("lease.json")
+    assert storage.run_files.create_run_file("lease.json", b"[" + b" " * (8 * READ_LIMIT) + b"]") is not None
+    found = storage.run_files.read_run_file("lease.json")
     assert found is not None and len(found[0]) == READ_LIMIT + 1
     if storage.is_local:  # written a minute ago: not a lease still being written (TORN_GRACE)
         past = time.time() - 60

@@ -109,10 +109,10 @@ def test_nothing_outside_the_run_changes(hostile: tuple[RunStorage, Path, Path],
     # Writing: commit over the linked name, prune, delete everything
     commit(storage, tmp_path / "again", "ckpt-000007", Manifest(epoch=7))
     assert not (Path(storage.root) / "ckpt-000007").is_symlink() and storage.get("ckpt-000007").ok
-    manager.acquire()
+    manager.writer.acquire()
     try:
         doomed = manager.plan_pruning(Retention(keep_last=1)).doomed
-        assert manager.prune(doomed) == ["ckpt-000001", "ckpt-000002", "ckpt-000003", "ckpt-000004"]
+        assert manager.writer.prune(doomed) == ["ckpt-000001", "ckpt-000002", "ckpt-000003", "ckpt-000004"]
     finally:
         manager.release()
     for info in storage.list():

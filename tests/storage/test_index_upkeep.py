@@ -113,7 +113,7 @@ def test_the_next_writer_removes_the_index_copies_killed_writers_left(tmp_path: 
         link = url / "index.json.999999999.tmp"  # a link at that name (of no process): not followed
         os.symlink(outside, link)
         manager = RunManager(str(url))
-        manager.acquire()
+        manager.writer.acquire()
         manager.release()
         assert not (url / f"index.json.{gone}.tmp").exists()
         assert {name: (url / name).read_bytes() for name in kept} == kept

@@ -53,7 +53,7 @@ def as_host(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
 
 
 def lease_file(storage: RunStorage) -> dict[str, object] | None:
-    found = storage.read_run_file(LEASE_NAME)
+    found = storage.run_files.read_run_file(LEASE_NAME)
     return json.loads(found[0]) if found else None
 
 
@@ -62,19 +62,19 @@ def lease_file(storage: RunStorage) -> dict[str, object] | None:
 
 def test_run_file_create_replace_delete_are_conditional(run_url: str) -> None:
     storage = RunStorage(run_url)
-    first = storage.create_run_file("note.json", b"one")
+    first = storage.run_files.create_run_file("note.json", b"one")
     assert first is not None
-    assert storage.create_run_file("note.json", b"two") is None  # only if absent
-    assert storage.read_run_file("note.json") == (b"one", first)
-    second = storage.replace_run_file("note.json", b"three", first)
+    assert storage.run_files.create_run_file("note.json", b"two") is None  # only if absent
+    assert storage.run_files.read_run_file("note.json") == (b"one", first)
+    second = storage.run_files.replace_run_file("note.json", b"three", first)
     assert second is not None and second != first
-    assert storage.replace_run_file("note.json", b"four", first) is None  # not what we last saw
-    assert storage.delete_run_file("note.json", first) is False  # never deletes what changed
-    assert storage.read_run_file("note.json") == (b"three", second)
-    assert storage.delete_run_file("note.json", second) is True
-    assert storage.read_run_file("note.json") is None
-    assert storage.replace_run_file("note.json", b"five", second) is None  # gone: nothing to replace
-    assert storage.read_run_file("note.json") is None
+    assert storage.run_files.replace_run_file("note.json", b"four", first) is None  # not what we last saw
+    assert storage.run_files.delete_run_file("note.json", first) is False  # never deletes what changed
+    assert storage.run_files.read_run_file("note.json") == (b"three", second)
+    assert storage.run_files.delete_run_file("note.json", second) is True
+    assert storage.run_files.read_run_file("note.json") is None
+    assert storage.run_files.replace_run_file("note.json", b"five", second) is None  # gone: nothing
+    assert storage.run_files.read_run_file("note.json") is None
 
 
 # ---------------------------------------------------------------------- the lease
@@ -203,7 +203,7 @@ def test_a_lease_that_would_take_long_to_go_stale_is_refused_at_once(tmp_path: P
     now = dt.datetime.now(dt.timezone.utc)
     older = {"format": "resumable.lease", "token": "t", "host": "colab-old", "pid": 7,
              "started": now.isoformat(), "renewed": now.isoformat(), "timeout": 600.0}
-    assert storage.create_run_file(LEASE_NAME, json.dumps(older).encode()) is not None
+    assert storage.run_files.create_run_file(LEASE_NAME, json.dumps(older).encode()) is not None
     info = read_lease(storage)
     assert info is not None and info.renew_interval is None and info.interval == 60.0
     with pytest.raises(LeaseHeldError, match="host 'colab-old'.*stale after 10 min"):
@@ -283,10 +283,10 @@ def test_renew_after_a_renewal_that_landed_but_raised(run_url: str) -> None:
     held = Lease(storage)
     held.acquire()
     assert held.info is not None
-    found = storage.read_run_file(LEASE_NAME)
+    found = storage.run_files.read_run_file(LEASE_NAME)
     assert found is not None
     later = LeaseInfo(**{**held.info.__dict__, "renewed": held.info.renewed + dt.timedelta(seconds=5)})
-    assert storage.replace_run_file(LEASE_NAME, later.to_json(), found[1]) is not None
+    assert storage.run_files.replace_run_file(LEASE_NAME, later.to_json(), found[1]) is not None
     held.renew()
     info = read_lease(storage)
     assert info is not None and info.token == held.info.token and held.lost is None
@@ -297,16 +297,16 @@ def test_a_lease_torn_by_a_failed_write_is_repaired_and_released(run_url: str) -
     storage = RunStorage(run_url)
     held = Lease(storage)
     held.acquire()
-    found = storage.read_run_file(LEASE_NAME)
+    found = storage.run_files.read_run_file(LEASE_NAME)
     assert found is not None
-    assert storage.replace_run_file(LEASE_NAME, found[0][:20], found[1]) is not None
+    assert storage.run_files.replace_run_file(LEASE_NAME, found[0][:20], found[1]) is not None
     held.renew()
     assert read_lease(storage) == held.info
-    found = storage.read_run_file(LEASE_NAME)
+    found = storage.run_files.read_run_file(LEASE_NAME)
     assert found is not None
-    assert storage.replace_run_file(LEASE_NAME, found[0][:20], found[1]) is not None
+    assert storage.run_files.replace_run_file(LEASE_NAME, found[0][:20], found[1]) is not None
     held.release()
-    assert storage.read_run_file(LEASE_NAME) is None
+    assert storage.run_files.read_run_file(LEASE_NAME) is None
 
 
 def test_a_lease_of_a_dead_process_on_this_host_is_taken_over(tmp_path: Path) -> None:
@@ -316,7 +316,7 @@ def test_a_lease_of_a_dead_process_on_this_host_is_taken_over(tmp_path: Path) ->
     now = dt.datetime.now(dt.timezone.utc)
     gone = LeaseInfo(token="x", host=this_machine.HOST, pid=int(child.stdout), started=now, renewed=now,
                      timeout=600, boot_id=this_machine.BOOT_ID)
-    assert storage.create_run_file(LEASE_NAME, gone.to_json()) is not None
+    assert storage.run_files.create_run_file(LEASE_NAME, gone.to_json()) is not None
     assert gone.process_gone()
     held = Lease(storage)
     held.acquire()  # fresh, but its process is gone: no takeover needed
@@ -382,7 +382,7 @@ def test_a_lease_renewed_in_the_future_blocks_for_one_timeout_not_until_then(  #
         far = dt.datetime(2099, 1, 1, tzinfo=dt.timezone.utc)
         hostile = LeaseInfo(token="x", host=this_machine.HOST, pid=alive.pid, started=far, renewed=far,
                             timeout=1.0, boot_id=this_machine.BOOT_ID, renew_interval=0.25)
-        assert storage.create_run_file(LEASE_NAME, hostile.to_json()) is not None
+        assert storage.run_files.create_run_file(LEASE_NAME, hostile.to_json()) is not None
         assert not hostile.process_gone()
         started = time.monotonic()
         with caplog.at_level(logging.WARNING, logger="resumable"):
@@ -418,8 +418,8 @@ def test_a_lease_deleted_by_hand_says_so(run_url: str) -> None:
     storage = RunStorage(run_url)
     held = Lease(storage, timeout=30)
     held.acquire()
-    found = storage.read_run_file(LEASE_NAME)
-    assert found is not None and storage.delete_run_file(LEASE_NAME, found[1])
+    found = storage.run_files.read_run_file(LEASE_NAME)
+    assert found is not None and storage.run_files.delete_run_file(LEASE_NAME, found[1])
     with pytest.raises(LeaseLostError, match=r"lease\.json was deleted or made unreadable"):
         held.renew()
 
@@ -449,7 +449,7 @@ def test_an_earlier_lease_of_this_process_is_taken_back(run_url: str) -> None:
 
 def test_unreadable_lease_is_replaced(run_url: str) -> None:
     storage = RunStorage(run_url)
-    storage.create_run_file(LEASE_NAME, b'{"format": "resumable.lea')  # a torn write
+    storage.run_files.create_run_file(LEASE_NAME, b'{"format": "resumable.lea')  # a torn write
     if storage.is_local:  # an old one: a young one may still be being written (test_local_faults.py)
         old = time.time() - lease.TORN_GRACE - 1
         os.utime(f"{storage.root}/{LEASE_NAME}", (old, old))

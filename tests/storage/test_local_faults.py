@@ -157,7 +157,7 @@ def test_a_short_read_back_of_the_manifest_is_not_a_commit(
     storage: RunStorage, faults: LocalFaults, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The read-back after the write is what catches a write that was cut short silently."""
-    original = storage._committer._write_manifest.__func__  # type: ignore[attr-defined]
+    original = storage.committer._write_manifest.__func__  # type: ignore[attr-defined]
 
     def write_then_read_short(self: object, name: str, data: bytes) -> None:
         path = f"{storage.root}/{name}/{MANIFEST_NAME}"
@@ -174,7 +174,7 @@ def test_a_short_read_back_of_the_manifest_is_not_a_commit(
         finally:
             monkeypatch.setattr(storage._folder, "read", real_read)
 
-    monkeypatch.setattr(type(storage._committer), "_write_manifest", write_then_read_short)
+    monkeypatch.setattr(type(storage.committer), "_write_manifest", write_then_read_short)
     with pytest.raises(StorageError, match="did not land intact") as caught:
         commit(storage, tmp_path, "ckpt-000001", Manifest(epoch=1))
     one_line(caught.value)
@@ -272,7 +272,7 @@ def test_a_mount_without_hard_links_or_locks_still_has_one_writer(
     finally:
         this_machine.HOST = saved
     held.release()
-    assert storage.read_run_file(LEASE_NAME) is None
+    assert storage.run_files.read_run_file(LEASE_NAME) is None
 
 
 @pytest.mark.parametrize("where", ["file", "folder entry"])
@@ -345,7 +345,7 @@ def test_a_lease_that_stays_torn_is_taken_after_the_grace(
 ) -> None:
     monkeypatch.setattr(lease_contest, "TORN_GRACE", 0.3)
     monkeypatch.setattr(lease_contest, "TORN_POLL", 0.02)
-    storage.create_run_file(LEASE_NAME, b"")  # its writer died between the create and the write
+    storage.run_files.create_run_file(LEASE_NAME, b"")  # its writer died between the create and the write
     started = time.monotonic()
     held = Lease(storage)
     held.acquire()

@@ -19,7 +19,7 @@ import keras
 import numpy as np
 
 from resumable.keras.compat import in_place_reads
-from resumable.manager.storage_names import give_heap_back
+from resumable.manager import give_heap_back
 
 GIVE_BACK_BYTES = 16 * 2**20  # read between two gives of the heap's freed memory back to the system
 
