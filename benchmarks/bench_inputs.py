@@ -73,7 +73,7 @@ class Scenario:
         self.folder = folder
 
     def resumable_epoch_end(self, epoch: int) -> Callable[[], None]:
-        from resumable.keras import tf_data
+        from resumable.keras.replay import tf_data
 
         def run() -> None:
             passes = tf_data.Passes(self.make())
@@ -82,7 +82,7 @@ class Scenario:
         return run
 
     def resumable_mid_epoch(self, batch: int) -> Callable[[], None]:
-        from resumable.keras import tf_data
+        from resumable.keras.replay import tf_data
 
         def run() -> None:
             passes = tf_data.Passes(self.make())
@@ -91,7 +91,7 @@ class Scenario:
         return run
 
     def resumable_stream(self, position: int) -> Callable[[], None]:
-        from resumable.keras import tf_data
+        from resumable.keras.replay import tf_data
 
         def run() -> None:
             first_batch(iter(tf_data.Stream(self.make(), position).wrapper()))
@@ -157,7 +157,7 @@ def main(argv: list[str]) -> int:
     import tensorflow as tf
 
     from resumable.core.display import format_table, human_size
-    from resumable.keras import tf_data
+    from resumable.keras.replay import tf_data
 
     batches = -(-args.samples // BATCH)
     with tempfile.TemporaryDirectory() as tmp:

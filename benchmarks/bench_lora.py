@@ -5,8 +5,8 @@
 
 Builds the model from a config with seeded random weights (nothing is downloaded), enables
 LoRA (rank 4), trains one step so the optimizer has its state, then times resumable's own
-serialization (``saving.save``: what blocks training; the upload runs in the background)
-and load (``loading.load_into``) of each kind of checkpoint, and the fingerprint of the
+serialization (``model_to_files.save``: what blocks training; the upload runs in the background)
+and load (``files_to_model.load_into``) of each kind of checkpoint, and the fingerprint of the
 frozen weights (once a session: the first save, or the check of a resume; the saves after it
 reuse it). Prints one markdown table.
 """
@@ -67,7 +67,8 @@ def main(argv: list[str]) -> int:
     import numpy as np
 
     from resumable.core.display import human_size
-    from resumable.keras import loading, saving, trainable
+    from resumable.keras.resuming import files_to_model
+    from resumable.keras.saving import model_to_files, trainable
 
     started = time.perf_counter()
     model = build(MODELS[args.model], dtype)
@@ -86,11 +87,11 @@ def main(argv: list[str]) -> int:
                               ("`save_trainable_only`", {"weights_only": False, "trainable_only": True})):
             folder = Path(tmp) / name.replace(" ", "_")
             trainable.fingerprint(model)  # a session's first save computes it; the others reuse it
-            saved = timed(lambda folder=folder, options=options: saving.save(
+            saved = timed(lambda folder=folder, options=options: model_to_files.save(
                 model, folder, state={}, **options))
             size = folder_size(folder)
             trainable._fingerprints.clear()  # a resuming session computes it again, to check it
-            loaded = timed(lambda folder=folder: loading.load_into(model, folder, str(folder)))
+            loaded = timed(lambda folder=folder: files_to_model.load_into(model, folder, str(folder)))
             rows.append((name, size, saved, loaded))
             for path in folder.iterdir():
                 path.unlink()

@@ -78,12 +78,12 @@ def load_once(args: argparse.Namespace) -> int:
     elif args.load == "resume()":
         resumable.resume(args.folder, monitor="loss")
     elif args.load == "fetch, then load":  # what resume() did before it read shards as they land
-        from resumable.keras import loading, state_file
+        from resumable.keras.resuming import files_to_model, state_file
 
         manager = resumable.CheckpointCallback(args.folder, monitor="loss").manager
         found = manager.fetch_newest(warn=print, check=state_file.read_state)
         assert found is not None
-        loading.load_model(found[1], None, where=found[0].url)
+        files_to_model.load_model(found[1], None, where=found[0].url)
     else:
         resumable.resume(args.folder, build_model=lambda: build_model(args.params), monitor="loss")
     print(time.perf_counter() - started, rss.over())

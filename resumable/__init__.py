@@ -36,24 +36,24 @@ from resumable.storage.retry import RetryPolicy
 warn_if_too_old()
 
 if TYPE_CHECKING:
-    from resumable.keras.backup_and_restore import BackupAndRestore
-    from resumable.keras.callback import CheckpointCallback
-    from resumable.keras.model_checkpoint import ModelCheckpoint
-    from resumable.keras.model_files import load_model, load_weights, save_model, verify_file
-    from resumable.keras.newest_model import load_newest_model
+    from resumable.keras.callback.checkpoint_callback import CheckpointCallback
+    from resumable.keras.dropins.backup_and_restore import BackupAndRestore
+    from resumable.keras.dropins.model_checkpoint import ModelCheckpoint
+    from resumable.keras.dropins.newest_model import load_newest_model
+    from resumable.keras.dropins.save_and_load import load_model, load_weights, save_model, verify_file
     from resumable.keras.run import Run, resume
 
 # `resume` lives in resumable.keras.run: a submodule named resumable.resume would replace the function
 # `resumable.resume` with the module as soon as anything imported it.
 _LAZY = {
-    "BackupAndRestore": "resumable.keras.backup_and_restore",
-    "CheckpointCallback": "resumable.keras.callback",
-    "ModelCheckpoint": "resumable.keras.model_checkpoint",
-    "load_model": "resumable.keras.model_files",
-    "load_newest_model": "resumable.keras.newest_model",
-    "load_weights": "resumable.keras.model_files",
-    "save_model": "resumable.keras.model_files",
-    "verify_file": "resumable.keras.model_files",
+    "BackupAndRestore": "resumable.keras.dropins.backup_and_restore",
+    "CheckpointCallback": "resumable.keras.callback.checkpoint_callback",
+    "ModelCheckpoint": "resumable.keras.dropins.model_checkpoint",
+    "load_model": "resumable.keras.dropins.save_and_load",
+    "load_newest_model": "resumable.keras.dropins.newest_model",
+    "load_weights": "resumable.keras.dropins.save_and_load",
+    "save_model": "resumable.keras.dropins.save_and_load",
+    "verify_file": "resumable.keras.dropins.save_and_load",
     "resume": "resumable.keras.run",
     "Run": "resumable.keras.run",
 }

@@ -63,5 +63,5 @@ def test_one_epoch_and_its_save_meet_the_targets() -> None:
         figures["climbs"], figures["forwarding_by_class"], figures["largest_classes"],
         figures["largest_modules"])
     # the manager reaches the Keras side through its listener interface alone
-    through = "resumable/manager/listener.py -> resumable/keras/commit_lines.py:committed"
+    through = "resumable/manager/listener.py -> resumable/keras/callback/commit_lines.py:committed"
     assert through in figures["interface_calls"]

@@ -17,14 +17,17 @@ from resumable.core.errors import (
     LeaseLostError,
     ResumableError,
 )
-from resumable.keras import adopt, loading, topology, torch_backend, training_state
-from resumable.keras.callback import CheckpointCallback
-from resumable.keras.continuity import csv_logs_continued, final_weights
-from resumable.keras.inputs import Feed
-from resumable.keras.interrupts import StopSignals, Witness, after_fit_error, finish_uploads
-from resumable.keras.newest_checkpoint import load_newest
-from resumable.keras.positioning import rest_of_epoch
-from resumable.keras.restore import restore_checkpoint
+from resumable.keras import topology
+from resumable.keras.callback.checkpoint_callback import CheckpointCallback
+from resumable.keras.callback.interrupts import StopSignals, Witness, after_fit_error, finish_uploads
+from resumable.keras.replay import torch_backend
+from resumable.keras.replay.inputs import Feed
+from resumable.keras.replay.positioning import rest_of_epoch
+from resumable.keras.resuming import adopt, files_to_model
+from resumable.keras.resuming.continuity import csv_logs_continued, final_weights
+from resumable.keras.resuming.newest_checkpoint import load_newest
+from resumable.keras.resuming.restore import restore_checkpoint
+from resumable.keras.saving import training_state
 from resumable.manager import CheckpointInfo
 
 logger = logging.getLogger("resumable")
@@ -237,7 +240,7 @@ class Run:
         latest = self.callback.manager.last_checkpoint
         if latest is not None:
             local = self.callback.manager.fetch(latest)
-            restore_checkpoint(self.callback, latest, local, loading.ReadOnce(), into=self.model,
+            restore_checkpoint(self.callback, latest, local, files_to_model.ReadOnce(), into=self.model,
                                only_cached=False)  # the cache as it was: a Run's own checkpoints
             self.checkpoint = latest
             where = f"{latest.url} (epoch {latest.epoch}, step {latest.step})"
@@ -247,7 +250,7 @@ class Run:
             where = f"{again.file.name} again (epoch {again.epochs_done})"
         elif self.build_model is not None:
             with topology.scope(self.strategy, self.distribution):
-                self.model = loading.build(self.build_model)
+                self.model = files_to_model.build(self.build_model)
             self.callback.start_over()
             where = "a new model from build_model()"
         else:
@@ -327,7 +330,7 @@ def resume(
     manager = callback.manager
     # Before a download that fit would waste; only the process that will write says it.
     lease = callback.fit_lease.lease_note() if topology.is_chief(None, strategy) else None
-    reads = loading.ReadOnce()
+    reads = files_to_model.ReadOnce()
     loaded = load_newest(manager, build_model, strategy, distribution, callback.barrier_timeout, reads)
     if loaded is not None:
         info, local, model = loaded
@@ -353,7 +356,7 @@ def resume(
             "the compiled model> to start the run"
         )
     with topology.scope(strategy, distribution):
-        model = loading.build(build_model)
+        model = files_to_model.build(build_model)
     _say_once(f"resumable: starting a new run in {printable(manager.storage.url)}"
               + (f" ({lease})" if lease else ""))
     return Run(model, callback, None, strategy, distribution, build_model)

@@ -182,10 +182,10 @@ def split_report(model: Any) -> str:
 
 def measure_restore() -> dict[str, int]:
     """Measure the peak memory growth while resume() reads a split model's variables (into the dict)."""
-    from resumable.keras import multihost
+    from resumable.keras.multihost import split_job
 
     measured: dict[str, int] = {}
-    original = multihost.read_variables
+    original = split_job.read_variables
 
     def read_variables(*args: Any, **kwargs: Any) -> None:
         prime_tensorstore()
@@ -193,7 +193,7 @@ def measure_restore() -> dict[str, int]:
         original(*args, **kwargs)
         measured["growth"] = peak() - before
 
-    multihost.read_variables = read_variables  # type: ignore[assignment]
+    split_job.read_variables = read_variables  # type: ignore[assignment]
     return measured
 
 
@@ -201,11 +201,11 @@ def measure_save(model: Any) -> None:
     """What one save of this process's part costs in memory: taken, then written, as the callback does."""
     import tempfile
 
-    from resumable.keras import multihost_parts
+    from resumable.keras.multihost import parts
 
     with tempfile.TemporaryDirectory() as folder:
         before = peak_reset()
-        part = multihost_parts.snapshot(model, state={}, arrays={})
+        part = parts.snapshot(model, state={}, arrays={})
         held = part.nbytes
         part.write(Path(folder) / "part")
         print(f"MEMORY save={peak() - before} snapshot={held}", flush=True)

@@ -2,7 +2,7 @@
 
     KERAS_BACKEND=jax python tests/jobs/snapshot_job.py FOLDER [--weights-only]
 
-Trains a small functional model one epoch, takes `saving.snapshot`, records the weights and
+Trains a small functional model one epoch, takes `model_to_files.snapshot`, records the weights and
 optimizer variables, trains another epoch (on JAX the next step donates the variables'
 buffers), then writes the snapshot and loads it back with plain Keras (``load_model``, or
 ``load_weights`` into a fresh model). Prints ``EQUAL`` when every weight and optimizer
@@ -40,13 +40,13 @@ def main() -> int:
     import keras
     import numpy as np
 
-    from resumable.keras import saving, snapshot
+    from resumable.keras.saving import model_to_files, snapshot
 
     x = np.random.default_rng(0).normal(size=(64, 6)).astype("float32")
     y = x[:, :2] * 2
     model = build()
     model.fit(x, y, epochs=1, batch_size=8, verbose=0)
-    taken = saving.snapshot(model, weights_only=args.weights_only, state={"epoch": 1})
+    taken = model_to_files.snapshot(model, weights_only=args.weights_only, state={"epoch": 1})
     assert taken is not None, "this Keras lacks what snapshots need"
     recorded = [np.array(keras.ops.convert_to_numpy(v)) for v in model.weights + model.optimizer.variables]
     model.fit(x, y, epochs=1, batch_size=8, verbose=0)  # the values move on; the snapshot must not

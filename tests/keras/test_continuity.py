@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from resumable.keras.continuity import csv_logs_continued
+from resumable.keras.resuming.continuity import csv_logs_continued
 
 keras = pytest.importorskip("keras")
 

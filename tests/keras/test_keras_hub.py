@@ -25,7 +25,7 @@ from forked import job_env, run_job, start_job
 from paths import JOBS
 
 from resumable import RunStorage
-from resumable.keras.positioning import rest_of_epoch
+from resumable.keras.replay.positioning import rest_of_epoch
 
 pytestmark = [
     pytest.mark.skipif(

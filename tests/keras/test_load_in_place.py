@@ -145,14 +145,14 @@ def test_a_load_while_a_snapshot_is_unwritten_leaves_the_snapshot_its_values(
     """A snapshot holds views of the variables' buffers and counts on copy on write (a
     notebook that loads into the model right after an interrupted fit): writing into the
     buffers would change the checkpoint it writes. Keras' assign is taken meanwhile."""
-    from resumable.keras import saving
+    from resumable.keras.saving import model_to_files
 
     other = trained_model(10)
     other.save_weights(str(tmp_path / "other.weights.h5"))
     model = trained_model(11)
     before = [keras.ops.convert_to_numpy(v).copy() for v in model.variables]
     called = keras_assigns(model, monkeypatch)
-    pending = saving.snapshot(model, weights_only=True, state={"epoch": 1}, arrays={})
+    pending = model_to_files.snapshot(model, weights_only=True, state={"epoch": 1}, arrays={})
     assert pending is not None
     load(model, tmp_path / "other.weights.h5")
     assert len(called) == len(model.variables) + len(model.optimizer.variables)

@@ -25,7 +25,7 @@ from paths import JOBS
 
 import resumable
 from resumable import RunStorage
-from resumable.keras.interrupts import save_interrupted
+from resumable.keras.callback.interrupts import save_interrupted
 
 keras = pytest.importorskip("keras")
 

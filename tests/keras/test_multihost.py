@@ -50,10 +50,10 @@ def test_a_bad_barrier_timeout_is_refused_in_one_line(tmp_path: Path, timeout: A
 
 def test_a_split_model_refuses_trainable_only_and_a_missing_tensorstore_in_one_line(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from resumable.keras import multihost, shard_io
+    from resumable.keras.multihost import shard_io, split_job
 
     # Stands in for a model split across the processes of a job (tests below run real ones).
-    monkeypatch.setattr(multihost, "split_across_processes", lambda model: True)
+    monkeypatch.setattr(split_job, "split_across_processes", lambda model: True)
     callback = CheckpointCallback(str(tmp_path / "run"), save_trainable_only=True)
     with pytest.raises(ValueError, match=r"^Invalid value for argument `save_trainable_only`\. Received: "
                                          r"save_trainable_only=True for a model split across processes\. "
@@ -68,7 +68,7 @@ def test_a_split_model_refuses_trainable_only_and_a_missing_tensorstore_in_one_l
 
 
 def test_chunk_files_name_the_chunks_each_part_overlaps() -> None:
-    from resumable.keras.shard_io import chunk_files
+    from resumable.keras.multihost.shard_io import chunk_files
 
     matrix = {"shape": [8, 12], "chunks": [8, 3], "dimension_separator": "."}
     assert chunk_files(matrix, [(slice(None), slice(0, 3))]) == {"0.0"}
@@ -87,7 +87,7 @@ def test_chunk_files_name_the_chunks_each_part_overlaps() -> None:
 def test_shards_written_and_read_back_and_a_missing_chunk_is_an_error_never_zeros(tmp_path: Path) -> None:
     pytest.importorskip("tensorstore")
     jax = pytest.importorskip("jax")
-    from resumable.keras import shard_io
+    from resumable.keras.multihost import shard_io
 
     value = jax.numpy.arange(24, dtype="float32").reshape(4, 6)
     owned = shard_io.take(value, process_index=0)

@@ -7,7 +7,7 @@ import warnings
 
 import pytest
 
-from resumable.keras.save_schedule import SaveSchedule
+from resumable.keras.callback.save_schedule import SaveSchedule
 
 
 class Clock:

@@ -1,4 +1,5 @@
-"""resumable.keras.shards: Keras' sharded weights merged into one .weights.h5, and what it refuses."""
+"""resumable.keras.resuming.shards: Keras' sharded weights merged into one .weights.h5, and what it
+refuses."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import h5py
 import numpy as np
 import pytest
 
-from resumable.keras import shards
+from resumable.keras.resuming import shards
 
 pytestmark = pytest.mark.lanes
 

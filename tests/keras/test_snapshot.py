@@ -1,4 +1,4 @@
-"""Checkpoints taken as snapshots in memory and written later (resumable/keras/snapshot.py)."""
+"""Checkpoints taken as snapshots in memory and written later (resumable/keras/saving/snapshot.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from paths import JOBS
 import resumable
 from resumable.core.checksum import crc32c_of_file
 from resumable.core.manifest import KERAS_PAYLOADS
-from resumable.keras import compat, saving, snapshot
+from resumable.keras import compat
+from resumable.keras.saving import model_to_files, snapshot
 
 JOB = JOBS / "snapshot_job.py"
 
@@ -48,7 +49,7 @@ def test_a_snapshot_writes_what_model_save_writes(tmp_path: Path) -> None:
     x = np.random.default_rng(1).normal(size=(32, 4)).astype("float32")
     model.fit(x, x[:, :1], epochs=1, verbose=0)
     model.save(tmp_path / "plain.keras")
-    taken = saving.snapshot(model, weights_only=False, state={})
+    taken = model_to_files.snapshot(model, weights_only=False, state={})
     assert taken is not None and taken.nbytes > 0
     taken.write(tmp_path / "snap")
     ours = keras.saving.load_model(tmp_path / "snap" / "model.keras")
@@ -134,9 +135,9 @@ def test_each_byte_is_written_once_and_never_read_back(tmp_path: Path, kind: str
     model = make_big_model()
 
     def take() -> snapshot.ModelSnapshot:
-        taken = saving.snapshot(model, weights_only=kind == "weights", state={"epoch": 1},
-                                arrays={"seen": np.arange(4)},
-                                max_shard_size=0.004 if kind == "shards" else None)
+        taken = model_to_files.snapshot(model, weights_only=kind == "weights", state={"epoch": 1},
+                                        arrays={"seen": np.arange(4)},
+                                        max_shard_size=0.004 if kind == "shards" else None)
         assert taken is not None
         return taken
 
@@ -202,7 +203,7 @@ def test_no_snapshot_outlives_its_fit_waiting_for_the_cycle_collector(
     import weakref
 
     taken: list[weakref.ref[snapshot.ModelSnapshot]] = []
-    take = saving.snapshot
+    take = model_to_files.snapshot
 
     def recorded(*args: Any, **kwargs: Any) -> snapshot.ModelSnapshot | None:
         result = take(*args, **kwargs)
@@ -210,7 +211,7 @@ def test_no_snapshot_outlives_its_fit_waiting_for_the_cycle_collector(
             taken.append(weakref.ref(result))
         return result
 
-    monkeypatch.setattr(saving, "snapshot", recorded)
+    monkeypatch.setattr(model_to_files, "snapshot", recorded)
     url = str(tmp_path / "run") if where == "local" else f"{request.getfixturevalue('gcs_bucket')}/run"
     model = make_model()
     x = np.random.default_rng(0).random((32, 4), dtype=np.float32)

@@ -18,7 +18,8 @@ from keras_helpers import replace_payload_file, small_model
 
 import resumable
 from resumable import CorruptCheckpointError, RunStorage
-from resumable.keras import snapshot, state_file, training_state
+from resumable.keras.resuming import state_file
+from resumable.keras.saving import snapshot, training_state
 
 keras = pytest.importorskip("keras")
 

@@ -16,7 +16,7 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 
-from resumable.keras import tf_data  # noqa: E402
+from resumable.keras.replay import tf_data  # noqa: E402
 
 
 def order(dataset: Any) -> list[list[int]]:

@@ -1,4 +1,4 @@
-"""A stored zip member read in place (resumable/keras/zip_member.py)."""
+"""A stored zip member read in place (resumable/keras/saving/zip_member.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import h5py
 import numpy as np
 import pytest
 
-from resumable.keras import zip_member
+from resumable.keras.saving import zip_member
 
 
 def make_zip(path: Path, members: dict[str, bytes], compression: int = zipfile.ZIP_STORED) -> None:
@@ -98,7 +98,9 @@ def test_resume_without_build_model_reads_the_weights_and_assets_in_place(
     vocabulary), as keras.saving.load_model gives them, read from a window onto the member."""
     import keras
 
-    from resumable.keras import compat, loading, saving
+    from resumable.keras import compat
+    from resumable.keras.resuming import files_to_model
+    from resumable.keras.saving import model_to_files
 
     lookup = keras.layers.StringLookup(name="lookup")
     lookup.adapt(np.array(["cat", "dog", "emu", "dog"]))  # an adapted vocabulary is saved as an asset
@@ -108,7 +110,7 @@ def test_resume_without_build_model_reads_the_weights_and_assets_in_place(
     model = keras.Model(inputs, outputs)
     model.compile(optimizer=keras.optimizers.Adam(3e-3), loss="mse")
     model.optimizer.build(model.trainable_variables)
-    saving.save(model, tmp_path / "ckpt", weights_only=False, state={})
+    model_to_files.save(model, tmp_path / "ckpt", weights_only=False, state={})
     archives: list[object] = []
     original = compat.load_keras_archive
 
@@ -117,7 +119,7 @@ def test_resume_without_build_model_reads_the_weights_and_assets_in_place(
         return original(archive, weights)
 
     monkeypatch.setattr(compat, "load_keras_archive", load_keras_archive)
-    ours = loading.load_model(tmp_path / "ckpt", None, where="ckpt")
+    ours = files_to_model.load_model(tmp_path / "ckpt", None, where="ckpt")
     theirs = keras.saving.load_model(tmp_path / "ckpt" / "model.keras")
     assert len(archives) == 1 and isinstance(archives[0], zip_member.MemberWindow)
     with zipfile.ZipFile(tmp_path / "ckpt" / "model.keras") as archive:
@@ -135,7 +137,7 @@ def test_a_member_written_in_place_at_any_offsets_is_a_valid_stored_member(tmp_p
     import random
 
     from resumable.core.checksum import crc32c_of_file
-    from resumable.keras.zip_member import write_in_place
+    from resumable.keras.saving.zip_member import write_in_place
     from resumable.storage.written_files import WrittenFiles
 
     content = bytearray(os.urandom(1_000_000))
@@ -175,7 +177,7 @@ def test_a_full_disk_while_writing_in_place_is_raised_as_itself(tmp_path: Path,
     import errno
     import gc
 
-    from resumable.keras.zip_member import write_in_place
+    from resumable.keras.saving.zip_member import write_in_place
     from resumable.storage.written_files import WrittenFiles
 
     def write(member: Any) -> None:

@@ -523,7 +523,7 @@ def test_callback_holds_the_lease_while_training_only(tmp_path: Path, as_host) -
 
 def test_after_a_failed_plain_fit_the_lease_goes_back_once_the_upload_lands(
         tmp_path: Path, ctrl_c_as_in_a_notebook: None) -> None:
-    """What a notebook's end of cell does (resumable.keras.notebook) after a plain model.fit an error
+    """What a notebook's end of cell does (resumable.keras.callback.notebook) after a plain model.fit an error
     stopped: wait for the upload, then give the lease back; interrupted while waiting, keep it."""
     import keras
     import numpy as np

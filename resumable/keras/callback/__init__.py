@@ -1,0 +1,2 @@
+"""`CheckpointCallback` and its parts: its options, its schedule, where a fit stands, the
+run folder held for a fit, the lines it prints, and interrupts (Ctrl-C, SIGTERM, notebook cells)."""

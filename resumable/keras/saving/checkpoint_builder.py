@@ -1,0 +1,210 @@
+"""From a model and where its run stands to a checkpoint handed to the manager: the state
+(state.json), the summary (the manifest's ``state``), the model's snapshot or its files in a
+staging folder, and the manifest that `RunWriter.submit` commits.
+
+Training waits only for a copy of the values into host memory; the files are written with the
+upload, in the background (`model_to_files.snapshot`, written by `write_staged` in the uploader's
+thread). Without Keras' internals for that, the model is serialized at once as before; so is a
+trainable-only checkpoint, whose megabytes take less time to write than to hold. A full disk
+is one warning and training goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import keras
+
+from resumable.core import user_warnings
+from resumable.core.errors import NoSpaceError
+from resumable.core.manifest import FileEntry, Manifest
+from resumable.keras import topology
+from resumable.keras.callback.commit_lines import CommitLines, no_space_line
+from resumable.keras.callback.save_options import SaveOptions
+from resumable.keras.multihost import parts
+from resumable.keras.replay.inputs import Feed
+from resumable.keras.resuming import state_file
+from resumable.keras.saving import model_to_files, snapshot, trainable, training_state, user_state
+from resumable.manager import NO_SPACE_ERRNOS
+from resumable.manager.run_manager import RunManager
+
+logger = logging.getLogger("resumable")
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Where the run stands at a save, as its checkpoint records it."""
+
+    epochs_done: int
+    best: float | None
+    stopped_early: bool
+    epochs_planned: int | None
+    history: list[dict[str, float]]  # the epochs done's logs
+
+
+class CheckpointBuilder:
+    """Builds and submits the checkpoints of one callback (``options``) through ``manager``."""
+
+    def __init__(self, options: SaveOptions, manager: RunManager, lines: CommitLines) -> None:
+        self.options = options
+        self.manager = manager
+        self.lines = lines
+        self.last_saved_step: int | None = None  # the newest checkpoint saved or resumed from
+
+    def state(self, model: keras.Model, progress: Progress, callback_states: dict[str, Any], step: int,
+              batch: int, feed: Feed | None) -> dict[str, Any]:
+        """What state.json holds (the arrays go to arrays.npz)."""
+        return {
+            "epoch": progress.epochs_done,
+            "step": step,
+            "batch": batch,
+            "monitor": self.options.monitor,
+            "mode": self.options.mode,
+            "best": progress.best,
+            "stopped_early": progress.stopped_early,
+            "epochs_planned": progress.epochs_planned,
+            "history": progress.history,
+            "callbacks": callback_states,
+            "optimizer": training_state.optimizer_summary(model),
+            "rng": training_state.rng_state(),
+            **({"inputs": feed.state()} if feed is not None else {}),
+        }
+
+    def summary(self, model: keras.Model, progress: Progress,
+                callback_states: dict[str, Any]) -> dict[str, Any]:
+        """What `resumable inspect` shows: small, JSON only."""
+        summary = {
+            "monitor": self.options.monitor,
+            "mode": self.options.mode,
+            "best": progress.best,
+            "stopped_early": progress.stopped_early,
+            "epochs_planned": progress.epochs_planned,
+            "format": "split" if self.manager.job is not None else self.options.file_format,
+            "backend": keras.backend.backend(),
+            "optimizer": training_state.optimizer_summary(model),
+            # your own callbacks' get_state() may be large: state.json holds it, the manifest does not
+            "callbacks": {k: v for k, v in callback_states.items() if user_state.STATE_KEY not in v},
+        }
+        if self.options.save_trainable_only:  # the base model the run trains on (cached: no second pass)
+            summary["frozen"] = trainable.fingerprint(model).to_json()
+        return state_file.jsonable(summary)
+
+    def save(self, model: keras.Model, strategy: Any, *, step: int, batch: int, logs: dict[str, float],
+             progress: Progress, callbacks: Sequence[keras.callbacks.Callback], feed: Feed | None,
+             epoch_rng: dict[str, Any]) -> dict[str, Any] | None:
+        """Stage the checkpoint of ``model`` at optimizer step ``step`` (``batch`` into its epoch, whose
+        data order came from the RNG states ``epoch_rng``; 0 at an epoch end) with the state of the
+        fit's ``callbacks``, and submit it: committed in the background or now. Returns where the
+        inputs of ``feed`` stand in it, if known."""
+        callback_states, arrays = training_state.callback_states(callbacks)
+        state = self.state(model, progress, callback_states, step, batch, feed)
+        if batch:
+            state["epoch_rng"] = epoch_rng
+            arrays.update(training_state.metric_arrays(model))
+        name = self.manager.storage.template.format(progress.epochs_done, step, logs, mid_epoch=batch > 0,
+                                                    batch=batch)
+        self._stage_and_submit(model, strategy, name=name, step=step, batch=batch, logs=logs,
+                               progress=progress, state=state, arrays=arrays, callback_states=callback_states)
+        return state.get("inputs")
+
+    def _stage_and_submit(self, model: keras.Model, strategy: Any, *, name: str, step: int, batch: int,
+                          logs: dict[str, float], progress: Progress, state: dict[str, Any],
+                          arrays: dict[str, Any], callback_states: dict[str, Any]) -> None:
+        started = time.monotonic()
+        logger.info("resumable: saving %s", name)
+        staging = self.manager.writer.stage(name, drop_cached=False)  # dropped by the writer, or below
+        taken: snapshot.ModelSnapshot | parts.PartSnapshot | None = None
+        if self.manager.job is not None:  # #36: this process's part of a model split across processes
+            with self.manager.writer.uploader.paused():
+                taken = parts.snapshot(model, state=state, arrays=arrays)
+        elif not self.options.save_trainable_only:
+            with self.manager.writer.uploader.paused():
+                taken = model_to_files.snapshot(model, weights_only=self.options.save_weights_only,
+                                                state=state, arrays=arrays,
+                                                max_shard_size=self.options.max_shard_size)
+        files = SnapshotFiles(taken, name, self) if taken is not None else None
+        # said now, as a synchronous save would
+        if taken is not None and not taken.fits_in(self._write_folder(staging)):
+            self._no_room(name, None if self.manager.writes_in_place else self.manager.staging_dir)
+            return
+        payload = taken.payload if taken is not None else self._serialize(model, staging, name, state, arrays)
+        if payload is None:
+            return
+        self.last_saved_step = step
+        processes, devices = topology.topology(model, strategy)
+        manifest = Manifest(
+            epoch=progress.epochs_done, step=step, batch=batch, metrics=logs, versions=topology.versions(),
+            state=self.summary(model, progress, callback_states), processes=processes, devices=devices,
+            payload=payload,
+        )
+        self.lines.save_started = started
+        self.manager.writer.submit(staging, name, manifest, files=files)
+        if self.options.async_upload:
+            logger.info("resumable: staged %s in %.2f s; uploading in the background", name,
+                        time.monotonic() - started)
+
+    def _serialize(self, model: keras.Model, staging: Path, name: str, state: dict[str, Any],
+                   arrays: dict[str, Any]) -> str | None:
+        """Save the model into ``staging`` while training waits; the payload file's name, or None
+        (warned) when the disk is full."""
+        self.manager.writer.uploader.drop_cached()  # Keras writes here now: the old copy goes first
+        try:
+            with self.manager.writer.uploader.paused():
+                return model_to_files.save(model, staging, weights_only=self.options.save_weights_only,
+                                           state=state, arrays=arrays,
+                                           trainable_only=self.options.save_trainable_only,
+                                           max_shard_size=self.options.max_shard_size)
+        except OSError as e:
+            if e.errno not in NO_SPACE_ERRNOS:
+                raise
+            self.manager.discard(staging)  # half a checkpoint would only hold the space
+            self._no_room(name, self.manager.staging_dir)
+            return None
+
+    def _no_room(self, name: str, staging: Path | None) -> None:
+        """The disk cannot hold checkpoint ``name`` (the staging folder's; None: the run folder's):
+        one warning, training goes on."""
+        user_warnings.warn(f"resumable: {self.no_space_line(staging, name)}")
+
+    def no_space_line(self, staging_dir: Path | None, name: str) -> str:
+        return no_space_line(name, self.manager.last_checkpoint, staging_dir=staging_dir,
+                             root=self.manager.storage.root)
+
+    def _write_folder(self, staging: Path) -> Path:
+        """Where a snapshot's files are written: a local run's own folder (straight into the
+        checkpoint's folder: `commits.InPlace`), else ``staging``, uploaded from there. A split
+        job's part (#36) is always staged: every process uploads its own, process 0 commits."""
+        return Path(self.manager.storage.root) if self.manager.writes_in_place else staging
+
+
+class SnapshotFiles:
+    """A snapshot's files, written by the save job in the uploader's thread (the manager's
+    `listener.Files`): a full disk said in one line, a half-written staging folder deleted."""
+
+    def __init__(self, taken: snapshot.ModelSnapshot | parts.PartSnapshot, name: str,
+                 builder: CheckpointBuilder) -> None:
+        self.taken = taken
+        self.name = name
+        self.builder = builder
+
+    def write(self, folder: Path, root: str | None) -> dict[str, FileEntry]:
+        """Write the snapshot's files into ``folder`` (below the run folder ``root``, or a staging
+        folder); each one's size and CRC32C as written."""
+        try:
+            return self.taken.write(folder, root)
+        except OSError as e:
+            if root is None:
+                shutil.rmtree(folder, ignore_errors=True)  # half a checkpoint would only hold the space
+            if e.errno in NO_SPACE_ERRNOS:
+                staging = None if root is not None else self.builder.manager.staging_dir
+                raise NoSpaceError(self.builder.no_space_line(staging, self.name)) from e
+            raise
+
+
+__all__ = ["CheckpointBuilder", "Progress", "SnapshotFiles"]

@@ -1,0 +1,210 @@
+"""A checkpoint held in host memory: taken while training waits, written to files later.
+
+Training waits only for `take`: Keras' own traversal of what ``model.save`` would write, each
+variable's value copied to host memory as it goes, and the model's config. `ModelSnapshot.write`
+then writes, in any thread and while training goes on, the files `saving.save` documents:
+``model.keras`` (or ``model.weights.h5``), ``state.json`` and ``arrays.npz``, which plain
+``keras.saving.load_model`` and ``model.load_weights`` read. The values are those of the step
+the snapshot was taken at, so a resume from it is as exact as from a synchronous save.
+
+Weights over ``max_shard_size`` GiB are written as Keras' sharded weights instead: the map
+``model.weights.json`` and shards ``model_00000.weights.h5``, ... of at most that size (the
+biggest single variable, when it is bigger), which ``model.load_weights("model.weights.json")``
+reads; a full model adds what an unzipped ``.keras`` holds beside them (``config.json``,
+``metadata.json``, ``assets/``). Each shard is a file of its own in the manifest, with its own
+checksum, moved concurrently with the others and loaded one at a time.
+
+Each file is written once, where it stays, and checksummed (CRC32C) as it is written: `write`
+hands back each file's size and checksum for the manifest, and nothing is read back.
+
+On a Keras without the internals this needs (`compat.saved_values`), `take` returns None and
+the caller serializes the usual way.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import re
+import shutil
+import tempfile
+import weakref
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import keras
+import numpy as np
+
+from resumable.core.manifest import FileEntry
+from resumable.keras import compat
+from resumable.keras.saving import zip_member
+from resumable.manager import ChecksummedFile, WrittenFiles
+
+MODEL_FILE = "model.keras"
+WEIGHTS_FILE = "model.weights.h5"
+SHARDS_FILE = "model.weights.json"  # Keras' map of sharded weights, beside model_00000.weights.h5, ...
+SHARD_NAME = re.compile(r"model_[0-9]{5,}\.weights\.h5")  # as Keras' ShardedH5IOStore names them
+CONFIG_FILE = "config.json"  # an unzipped .keras: config.json, metadata.json, assets/
+METADATA_FILE = "metadata.json"
+ASSETS_FOLDER = "assets"
+STATE_FILE = "state.json"
+ARRAYS_FILE = "arrays.npz"
+SPACE_MARGIN = 4 * 2**20  # bytes beyond the values: HDF5's and the zip's own records, state.json
+GIB = 2**30  # Keras' max_shard_size counts in these
+
+
+@dataclass
+class ModelSnapshot:
+    """The values, config and state of one checkpoint, in memory; `write` makes its files."""
+
+    values: list[compat.SavedValue]
+    model_json: tuple[str, str] | None  # config.json and metadata.json; None: weights only
+    state: dict[str, Any]  # JSON-ready: state.json
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
+    assets: Path | None = None  # a temporary folder of the model's assets, if it has any
+    max_shard_size: float | None = None  # GiB; weights over this are written in shards
+
+    @property
+    def sharded(self) -> bool:
+        """Whether the weights go to shards: bigger than ``max_shard_size``, on a Keras that shards."""
+        return (self.max_shard_size is not None and self.nbytes > self.max_shard_size * GIB
+                and compat.can_shard())
+
+    @property
+    def payload(self) -> str:
+        """The file a loader opens (the manifest's ``payload``)."""
+        return SHARDS_FILE if self.sharded else WEIGHTS_FILE if self.model_json is None else MODEL_FILE
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held in memory: what a background save costs on top of training."""
+        held = sum(int(getattr(v.value, "nbytes", 0)) for v in self.values)
+        return held + sum(int(a.nbytes) for a in self.arrays.values())
+
+    @property
+    def space_needed(self) -> int:
+        """Disk bytes `write` needs: each byte is written once, where it stays."""
+        return self.nbytes + SPACE_MARGIN
+
+    def fits_in(self, folder: Path) -> bool:
+        """True when the disk holding ``folder`` (or its nearest existing parent) has the space."""
+        existing = folder
+        while not existing.exists() and existing.parent != existing:
+            existing = existing.parent
+        return shutil.disk_usage(existing).free >= self.space_needed
+
+    def write(self, folder: Path, root: str | None = None) -> dict[str, FileEntry]:
+        """Write the checkpoint's files into ``folder``; each one's size and CRC32C, by name.
+
+        Each file is written once, where it stays, and checksummed as it is written
+        (`WrittenFiles`): the weights go straight into the ``.keras`` zip, never through a
+        file of their own. ``root``: a run folder ``folder`` is below (nothing is written
+        through a link below it; every file is a new one). OSError(ENOSPC) before anything is
+        written when the disk cannot hold them: HDF5 can crash the process when it closes a
+        file whose writes failed for want of space.
+        """
+        if not self.fits_in(folder):
+            raise OSError(errno.ENOSPC, f"{self.space_needed:,} bytes needed", str(folder))
+        files = WrittenFiles(folder, root)
+        try:
+            if self.sharded:
+                self._write_shards(files, folder)
+            elif self.model_json is None:
+                with files.create(WEIGHTS_FILE) as weights:
+                    compat.write_weights(self.values, weights)
+            else:
+                with files.create(MODEL_FILE) as archive:
+                    self._write_archive(archive)
+            files.write_bytes(STATE_FILE, json.dumps(self.state, indent=1).encode())
+            if self.arrays:
+                with files.create(ARRAYS_FILE) as arrays:
+                    np.savez(arrays, **self.arrays)  # type: ignore[arg-type]
+        finally:
+            files.close()
+        return files.entries
+
+    def _write_shards(self, files: WrittenFiles, folder: Path) -> None:
+        """Keras' sharded weights and, for a full model, an unzipped ``.keras``'s other files."""
+        assert self.max_shard_size is not None
+        if self.model_json is not None:
+            config, metadata = self.model_json
+            files.write_bytes(CONFIG_FILE, config.encode())
+            files.write_bytes(METADATA_FILE, metadata.encode())
+            if self.assets is not None:
+                for path in sorted(self.assets.rglob("*")):
+                    if path.is_file():
+                        files.write_bytes(f"{ASSETS_FOLDER}/{path.relative_to(self.assets).as_posix()}",
+                                          path.read_bytes())
+        # Keras refuses a variable bigger than a shard; here it gets a shard of its own.
+        biggest = max((int(getattr(v.value, "nbytes", 0)) for v in self.values), default=0)
+        compat.write_sharded_weights(self.values, str(folder / SHARDS_FILE),
+                                     max(self.max_shard_size, biggest / GIB), create=files.create)
+        files.adopt(SHARDS_FILE)  # the map Keras writes itself: a few hundred bytes per variable
+
+    def _write_archive(self, file: ChecksummedFile) -> None:
+        """A ``.keras`` zip as ``model.save`` writes it: metadata, config, weights, assets; the
+        weights written by h5py straight into the zip (`zip_member.write_in_place`)."""
+        assert self.model_json is not None
+        config, metadata = self.model_json
+        with zipfile.ZipFile(file, "w") as archive:
+            archive.writestr("metadata.json", metadata)
+            archive.writestr("config.json", config)
+            if zip_member.can_write_in_place():
+                zip_member.write_in_place(archive, file, WEIGHTS_FILE,
+                                          lambda weights: compat.write_weights(self.values, weights))
+            else:  # a zipfile without the writer's internals: a temporary weights file, copied in
+                with tempfile.TemporaryDirectory(prefix="resumable-weights-") as folder:
+                    compat.write_weights(self.values, f"{folder}/{WEIGHTS_FILE}")
+                    archive.write(f"{folder}/{WEIGHTS_FILE}", WEIGHTS_FILE)
+            if self.assets is not None:
+                _add_folder(archive, self.assets, "assets")
+
+
+def _add_folder(archive: zipfile.ZipFile, folder: Path, name: str) -> None:
+    """Every file under ``folder`` into ``archive``, under ``name/``."""
+    for path in sorted(folder.rglob("*")):
+        if path.is_file():
+            archive.write(path, f"{name}/{path.relative_to(folder).as_posix()}")
+
+
+def take(model: keras.Model, *, weights_only: bool, state: dict[str, Any],
+         arrays: dict[str, np.ndarray], max_shard_size: float | None = None) -> ModelSnapshot | None:
+    """Copy what a checkpoint of ``model`` holds into host memory; None without Keras' internals."""
+    assets = None if weights_only else Path(tempfile.mkdtemp(prefix="resumable-assets-"))
+    try:
+        values = compat.saved_values(model, _host_copy, str(assets) if assets is not None else None)
+        if values is None:
+            return None
+        model_json = None if weights_only else compat.model_json(model)
+    except BaseException:
+        if assets is not None:
+            shutil.rmtree(assets, ignore_errors=True)
+        raise
+    if assets is not None and not any(assets.iterdir()):
+        shutil.rmtree(assets, ignore_errors=True)
+        assets = None
+    taken = ModelSnapshot(values, model_json, state, arrays, assets, max_shard_size)
+    if assets is not None:  # a snapshot dropped unwritten (a newer one replaced it) leaves nothing
+        weakref.finalize(taken, shutil.rmtree, assets, True)
+    return taken
+
+
+def _host_copy(value: Any) -> np.ndarray:
+    """The value as a host array that training can no longer change, without copying if it can.
+
+    A JAX array is immutable (each step makes new ones; a GPU's or TPU's is copied to the
+    host here) and a CPU buffer a NumPy view holds is never donated to the next step. A
+    TensorFlow variable's read shares its buffer until the next update, which then writes a
+    new one (copy on write). Either way the view keeps the values of this step, and
+    training pays at most one copy, not two. Other backends' values are copied.
+    tests/jobs/snapshot_job.py checks the written values against the step's on both backends.
+    """
+    raw = value.value if isinstance(value, keras.Variable) else value
+    backend = keras.backend.backend()
+    if backend == "jax":
+        return np.asarray(raw)
+    if backend == "tensorflow" and hasattr(raw, "read_value"):  # any tf.Variable
+        return compat.shared_buffer(np.asarray(raw.read_value()))  # a load must not write into it
+    return np.array(keras.ops.convert_to_numpy(value), copy=True)
