@@ -67,8 +67,7 @@ def main(argv: list[str]) -> int:
     import numpy as np
 
     from resumable.core.display import human_size
-    from resumable.keras.resuming import files_to_model
-    from resumable.keras.saving import model_to_files, trainable
+    from resumable.keras.checkpoint import files_to_model, model_to_files, trainable
 
     started = time.perf_counter()
     model = build(MODELS[args.model], dtype)

@@ -78,7 +78,7 @@ def load_once(args: argparse.Namespace) -> int:
     elif args.load == "resume()":
         resumable.resume(args.folder, monitor="loss")
     elif args.load == "fetch, then load":  # what resume() did before it read shards as they land
-        from resumable.keras.resuming import files_to_model, state_file
+        from resumable.keras.checkpoint import files_to_model, state_file
 
         manager = resumable.CheckpointCallback(args.folder, monitor="loss").manager
         found = manager.fetch_newest(warn=print, check=state_file.read_state)

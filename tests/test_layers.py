@@ -104,20 +104,46 @@ def test_no_import_circle() -> None:
     assert circles(graph()) == []
 
 
+def keras_groups(edges: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The Keras side's imports between its sub-packages (callback, checkpoint, replay, ...) and its
+    top modules (run, topology): each module folded into the group it belongs to."""
+    def group(module: str) -> str | None:
+        parts = module.split(".")
+        return parts[2] if parts[:2] == ["resumable", "keras"] and len(parts) > 2 else None
+
+    folded: dict[str, set[str]] = {}
+    for module, targets in edges.items():
+        if (here := group(module)) is not None:
+            folded.setdefault(here, set()).update(
+                there for t in targets if (there := group(t)) is not None and there != here)
+    return folded
+
+
+def test_the_keras_sub_packages_import_one_way() -> None:
+    # callback/ builds on checkpoint/, replay/ and multihost/; resuming/ and dropins/ on those; run.py
+    # on all: a reader can take the sub-packages from the bottom up.
+    groups = keras_groups(graph())
+    assert {"callback", "checkpoint", "replay", "resuming", "dropins", "multihost", "compat"} <= set(groups)
+    assert circles(groups) == []
+
+
 def test_the_checks_find_a_wrong_way_import_and_a_circle() -> None:
     edges = {"resumable.core.a": {"resumable.keras.b"}, "resumable.keras.b": {"resumable.core.a"},
              "resumable.storage.c": {"resumable.core.a"}, "resumable.keras.d": {"resumable.storage.c"}}
     assert violations(edges) == ["resumable.core.a -> resumable.keras.b",
                                  "resumable.keras.d -> resumable.storage.c"]
     assert circles(edges) == ["resumable.core.a -> resumable.keras.b -> resumable.core.a"]
+    folded = keras_groups({"resumable.keras.saving.a": {"resumable.keras.callback.b"},
+                           "resumable.keras.callback.b": {"resumable.keras.saving.c"}})
+    assert circles(folded) == ["callback -> saving -> callback"]
     assert "resumable.core.manifest" in graph()["resumable.storage.commit" if "resumable.storage.commit"
                                                 in graph() else "resumable.storage.run_storage"]
 
 
 # The callback and the parts it is built from (#33): only these may touch its private fields.
-CALLBACK_PARTS = {"callback/checkpoint_callback.py", "callback/save_options.py", "callback/save_schedule.py",
-                  "saving/checkpoint_builder.py", "callback/commit_lines.py", "resuming/restored_state.py",
-                  "callback/fit_position.py"}
+CALLBACK_PARTS = {f"callback/{name}.py" for name in ("checkpoint_callback", "save_options", "save_schedule",
+                                                      "checkpoint_builder", "commit_lines", "restored_state",
+                                                      "fit_position")}
 
 
 def callback_private_names() -> set[str]:
@@ -154,8 +180,9 @@ def test_only_the_callback_and_its_parts_touch_its_private_fields() -> None:
     private = callback_private_names()
     assert {"_siblings", "_last", "_start"} <= private
     keras_side = PACKAGE / "keras"
-    found = {path.relative_to(keras_side).as_posix(): uses for path in sorted(keras_side.rglob("*.py"))
-             if path.relative_to(keras_side).as_posix() not in CALLBACK_PARTS and (uses := private_uses(path.read_text(), private))}
+    found = {name: uses for path in sorted(keras_side.rglob("*.py"))
+             if (name := path.relative_to(keras_side).as_posix()) not in CALLBACK_PARTS
+             and (uses := private_uses(path.read_text(), private))}
     assert found == {}
 
 

@@ -5,7 +5,7 @@ the run listing calls any such folder "partial" (an interrupted save of ours). K
 ``ModelCheckpoint`` files and a ``BackupAndRestore`` backup carry no checksum record. `list`,
 `inspect`, `verify` and `prune` say what they are instead ("adoptable"), never count them as
 damaged and never delete them: `resume()` continues from the newest of them
-(resumable/keras/resuming/adopt.py).
+(resumable/keras/dropins/adopt.py).
 Nothing here imports Keras: the names and the epoch come from the listing and the file names.
 """
 

@@ -20,14 +20,13 @@ from resumable.core.errors import (
 from resumable.keras import topology
 from resumable.keras.callback.checkpoint_callback import CheckpointCallback
 from resumable.keras.callback.interrupts import StopSignals, Witness, after_fit_error, finish_uploads
-from resumable.keras.replay import torch_backend
+from resumable.keras.checkpoint import files_to_model, torch_backend, training_state
+from resumable.keras.dropins import adopt
 from resumable.keras.replay.inputs import Feed
 from resumable.keras.replay.positioning import rest_of_epoch
-from resumable.keras.resuming import adopt, files_to_model
 from resumable.keras.resuming.continuity import csv_logs_continued, final_weights
 from resumable.keras.resuming.newest_checkpoint import load_newest
 from resumable.keras.resuming.restore import restore_checkpoint
-from resumable.keras.saving import training_state
 from resumable.manager import CheckpointInfo
 
 logger = logging.getLogger("resumable")

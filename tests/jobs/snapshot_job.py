@@ -40,7 +40,7 @@ def main() -> int:
     import keras
     import numpy as np
 
-    from resumable.keras.saving import model_to_files, snapshot
+    from resumable.keras.checkpoint import model_to_files, snapshot
 
     x = np.random.default_rng(0).normal(size=(64, 6)).astype("float32")
     y = x[:, :2] * 2

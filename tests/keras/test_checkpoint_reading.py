@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from resumable import CorruptCheckpointError
-from resumable.keras.resuming import checkpoint_reading as reading
+from resumable.keras.checkpoint import checkpoint_reading as reading
 
 h5py = pytest.importorskip("h5py")
 

@@ -27,8 +27,8 @@ from keras.src.trainers.data_adapters import array_data_adapter, array_slicing  
 from keras.src.utils import module_utils  # noqa: E402
 
 from resumable.keras import compat  # noqa: E402
+from resumable.keras.checkpoint import trainable, training_state  # noqa: E402
 from resumable.keras.replay import positioning  # noqa: E402
-from resumable.keras.saving import trainable, training_state  # noqa: E402
 
 X = np.arange(48, dtype="float32").reshape(12, 4)
 Y = np.arange(12, dtype="float32").reshape(12, 1)

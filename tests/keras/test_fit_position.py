@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from resumable.keras.callback.fit_position import FitPosition
-from resumable.keras.resuming.restored_state import RestoredState
-from resumable.keras.saving import training_state
+from resumable.keras.callback.restored_state import RestoredState
+from resumable.keras.checkpoint import training_state
 
 
 def model_at_step(step: int) -> keras.Model:

@@ -22,9 +22,8 @@ from keras_helpers import replace_payload_file, small_model
 
 import resumable
 from resumable import RunStorage
-from resumable.keras.resuming import checkpoint_reading
-from resumable.keras.saving import snapshot, training_state
-from resumable.keras.saving.trainable import TRAINABLE_FILE
+from resumable.keras.checkpoint import checkpoint_reading, snapshot, training_state
+from resumable.keras.checkpoint.trainable import TRAINABLE_FILE
 
 keras = pytest.importorskip("keras")
 

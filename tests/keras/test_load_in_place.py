@@ -145,7 +145,7 @@ def test_a_load_while_a_snapshot_is_unwritten_leaves_the_snapshot_its_values(
     """A snapshot holds views of the variables' buffers and counts on copy on write (a
     notebook that loads into the model right after an interrupted fit): writing into the
     buffers would change the checkpoint it writes. Keras' assign is taken meanwhile."""
-    from resumable.keras.saving import model_to_files
+    from resumable.keras.checkpoint import model_to_files
 
     other = trained_model(10)
     other.save_weights(str(tmp_path / "other.weights.h5"))

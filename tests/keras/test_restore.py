@@ -14,7 +14,7 @@ import pytest
 from keras_helpers import same_weights, small_model
 
 import resumable
-from resumable.keras.resuming import checkpoint_reading, state_file
+from resumable.keras.checkpoint import checkpoint_reading, state_file
 
 keras = pytest.importorskip("keras")
 

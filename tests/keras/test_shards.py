@@ -1,4 +1,4 @@
-"""resumable.keras.resuming.shards: Keras' sharded weights merged into one .weights.h5, and what it
+"""resumable.keras.checkpoint.shards: Keras' sharded weights merged into one .weights.h5, and what it
 refuses."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import h5py
 import numpy as np
 import pytest
 
-from resumable.keras.resuming import shards
+from resumable.keras.checkpoint import shards
 
 pytestmark = pytest.mark.lanes
 

@@ -1,4 +1,4 @@
-"""Checkpoints taken as snapshots in memory and written later (resumable/keras/saving/snapshot.py)."""
+"""Checkpoints taken as snapshots in memory and written later (resumable/keras/checkpoint/snapshot.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import resumable
 from resumable.core.checksum import crc32c_of_file
 from resumable.core.manifest import KERAS_PAYLOADS
 from resumable.keras import compat
-from resumable.keras.saving import model_to_files, snapshot
+from resumable.keras.checkpoint import model_to_files, snapshot
 
 JOB = JOBS / "snapshot_job.py"
 

@@ -18,8 +18,7 @@ from keras_helpers import replace_payload_file, small_model
 
 import resumable
 from resumable import CorruptCheckpointError, RunStorage
-from resumable.keras.resuming import state_file
-from resumable.keras.saving import snapshot, training_state
+from resumable.keras.checkpoint import snapshot, state_file, training_state
 
 keras = pytest.importorskip("keras")
 

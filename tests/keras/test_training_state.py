@@ -18,7 +18,7 @@ import pytest
 from keras_helpers import replace_payload_file, small_model
 
 import resumable
-from resumable.keras.saving import snapshot, training_state
+from resumable.keras.checkpoint import snapshot, training_state
 
 keras = pytest.importorskip("keras")
 
@@ -86,7 +86,7 @@ def test_a_callback_state_that_is_not_an_object_is_skipped(caplog: pytest.LogCap
 
 
 class Counted(keras.callbacks.Callback):
-    """A callback of one's own with get_state()/set_state() (`resumable.keras.saving.user_state`)."""
+    """A callback of one's own with get_state()/set_state() (`resumable.keras.checkpoint.user_state`)."""
 
     def __init__(self, fail: bool = False) -> None:
         super().__init__()

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from resumable.keras.saving import user_state
+from resumable.keras.checkpoint import user_state
 
 
 class Mine:

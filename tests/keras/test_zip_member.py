@@ -1,4 +1,4 @@
-"""A stored zip member read in place (resumable/keras/saving/zip_member.py)."""
+"""A stored zip member read in place (resumable/keras/checkpoint/zip_member.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import h5py
 import numpy as np
 import pytest
 
-from resumable.keras.saving import zip_member
+from resumable.keras.checkpoint import zip_member
 
 
 def make_zip(path: Path, members: dict[str, bytes], compression: int = zipfile.ZIP_STORED) -> None:
@@ -99,8 +99,7 @@ def test_resume_without_build_model_reads_the_weights_and_assets_in_place(
     import keras
 
     from resumable.keras import compat
-    from resumable.keras.resuming import files_to_model
-    from resumable.keras.saving import model_to_files
+    from resumable.keras.checkpoint import files_to_model, model_to_files
 
     lookup = keras.layers.StringLookup(name="lookup")
     lookup.adapt(np.array(["cat", "dog", "emu", "dog"]))  # an adapted vocabulary is saved as an asset
@@ -137,7 +136,7 @@ def test_a_member_written_in_place_at_any_offsets_is_a_valid_stored_member(tmp_p
     import random
 
     from resumable.core.checksum import crc32c_of_file
-    from resumable.keras.saving.zip_member import write_in_place
+    from resumable.keras.checkpoint.zip_member import write_in_place
     from resumable.storage.written_files import WrittenFiles
 
     content = bytearray(os.urandom(1_000_000))
@@ -177,7 +176,7 @@ def test_a_full_disk_while_writing_in_place_is_raised_as_itself(tmp_path: Path,
     import errno
     import gc
 
-    from resumable.keras.saving.zip_member import write_in_place
+    from resumable.keras.checkpoint.zip_member import write_in_place
     from resumable.storage.written_files import WrittenFiles
 
     def write(member: Any) -> None:

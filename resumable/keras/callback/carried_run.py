@@ -18,10 +18,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from resumable.keras.callback.checkpoint_builder import CheckpointBuilder
+    from resumable.keras.callback.restored_state import RestoredState
     from resumable.keras.callback.save_options import SaveOptions
     from resumable.keras.callback.save_schedule import SaveSchedule
-    from resumable.keras.resuming.restored_state import RestoredState
-    from resumable.keras.saving.checkpoint_builder import CheckpointBuilder
     from resumable.manager import CheckpointInfo
     from resumable.manager.run_manager import RunManager
 

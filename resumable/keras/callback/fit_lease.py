@@ -22,8 +22,8 @@ from resumable.keras import topology
 from resumable.keras.callback import notebook
 from resumable.keras.callback.commit_lines import CommitLines
 from resumable.keras.callback.save_options import SaveOptions
+from resumable.keras.checkpoint import training_state
 from resumable.keras.multihost import split_job
-from resumable.keras.saving import training_state
 from resumable.manager.run_manager import RunManager
 
 

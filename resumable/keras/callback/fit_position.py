@@ -14,8 +14,8 @@ from typing import Any
 
 import keras
 
-from resumable.keras.resuming.restored_state import RestoredState
-from resumable.keras.saving import training_state
+from resumable.keras.callback.restored_state import RestoredState
+from resumable.keras.checkpoint import training_state
 
 
 class FitPosition:

@@ -23,7 +23,7 @@ import keras
 from resumable.core import user_warnings
 from resumable.core.errors import LeaseLostError, ResumableError
 from resumable.keras import compat
-from resumable.keras.saving import training_state
+from resumable.keras.checkpoint import training_state
 
 if TYPE_CHECKING:
     from resumable.keras.callback.checkpoint_callback import CheckpointCallback

@@ -22,10 +22,9 @@ from typing import Any
 from resumable.core import user_warnings
 from resumable.keras import compat
 from resumable.keras.callback.checkpoint_callback import CheckpointCallback
+from resumable.keras.checkpoint import files_to_model, snapshot
 from resumable.keras.multihost import split_job
-from resumable.keras.resuming import files_to_model
 from resumable.keras.resuming.restore import restore_checkpoint
-from resumable.keras.saving import snapshot
 from resumable.manager import DEFAULT_TIMEOUT, CheckpointInfo
 from resumable.manager.job_commit import DEFAULT_BARRIER_TIMEOUT
 

@@ -19,7 +19,7 @@ import keras
 
 from resumable.core.display import printable
 from resumable.keras import compat
-from resumable.keras.resuming import adopt
+from resumable.keras.dropins import adopt
 
 logger = logging.getLogger("resumable")
 

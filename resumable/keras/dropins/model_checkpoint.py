@@ -25,10 +25,9 @@ from absl import logging as absl_logging
 
 from resumable.core.errors import ResumableError
 from resumable.keras import compat
+from resumable.keras.checkpoint import state_file, training_state
 from resumable.keras.dropins import continuing_fit, hdf5_files, save_and_load
 from resumable.keras.dropins.save_and_load import load_model, load_weights, save_model, verify_file
-from resumable.keras.resuming import state_file
-from resumable.keras.saving import training_state
 from resumable.manager import FileTarget, check_drive_mounted, split_url
 from resumable.manager.file_writer import FileJob, FileWriter
 

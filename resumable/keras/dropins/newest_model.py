@@ -10,8 +10,8 @@ from typing import Any
 import keras
 
 from resumable.core.errors import CheckpointNotFoundError
+from resumable.keras.dropins import adopt
 from resumable.keras.dropins.save_and_load import MODEL_FILE_SUFFIXES
-from resumable.keras.resuming import adopt
 from resumable.manager import split_url
 
 

@@ -20,10 +20,10 @@ from typing import Any
 import keras
 
 from resumable.core import user_warnings
+from resumable.keras.checkpoint.model_to_files import no_tensorflow_import
+from resumable.keras.checkpoint.state_file import jsonable
+from resumable.keras.checkpoint.training_state import iterations
 from resumable.keras.dropins import hdf5_files
-from resumable.keras.resuming.state_file import jsonable
-from resumable.keras.saving.model_to_files import no_tensorflow_import
-from resumable.keras.saving.training_state import iterations
 from resumable.manager import FileRecord, FileTarget
 
 MODEL_FILE_SUFFIXES = (".keras", ".weights.h5", *hdf5_files.LEGACY_SUFFIXES)

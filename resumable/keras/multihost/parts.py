@@ -24,9 +24,9 @@ import numpy as np
 from resumable.core.errors import ResumableError
 from resumable.core.manifest import FileEntry
 from resumable.keras import topology
+from resumable.keras.checkpoint import model_to_files, training_state
+from resumable.keras.checkpoint.snapshot import ARRAYS_FILE, SPACE_MARGIN, STATE_FILE
 from resumable.keras.multihost import shard_io
-from resumable.keras.saving import model_to_files, training_state
-from resumable.keras.saving.snapshot import ARRAYS_FILE, SPACE_MARGIN, STATE_FILE
 
 VARIABLES_FILE = "variables.json"
 VARIABLES_FOLDER = "variables"

@@ -36,6 +36,8 @@ from resumable.core import safe_json
 from resumable.core.display import printable
 from resumable.core.errors import CheckpointMismatchError, CorruptCheckpointError, ResumableError
 from resumable.keras import topology
+from resumable.keras.checkpoint import files_to_model
+from resumable.keras.checkpoint.snapshot import ARRAYS_FILE, STATE_FILE
 from resumable.keras.compat import jax_store
 from resumable.keras.multihost import shard_io
 from resumable.keras.multihost.parts import (
@@ -44,8 +46,6 @@ from resumable.keras.multihost.parts import (
     VARIABLES_FOLDER,
     model_variables,
 )
-from resumable.keras.resuming import files_to_model
-from resumable.keras.saving.snapshot import ARRAYS_FILE, STATE_FILE
 from resumable.manager import CheckpointInfo
 from resumable.manager.job_commit import all_gather, gather
 from resumable.manager.run_manager import RunManager

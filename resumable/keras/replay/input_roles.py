@@ -17,8 +17,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from resumable.keras import compat
+from resumable.keras.checkpoint import training_state, user_state
 from resumable.keras.replay import py_dataset, tf_data
-from resumable.keras.saving import training_state, user_state
 
 logger = logging.getLogger("resumable")
 

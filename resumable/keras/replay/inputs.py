@@ -25,7 +25,8 @@ import keras
 from resumable.core import user_warnings
 from resumable.core.display import printable
 from resumable.keras import compat
-from resumable.keras.replay import positioning, py_dataset, tf_data, torch_backend
+from resumable.keras.checkpoint import torch_backend, user_state
+from resumable.keras.replay import positioning, py_dataset, tf_data
 from resumable.keras.replay.input_roles import (
     ITERATOR_POSITIONS,
     PYDATASETS,
@@ -39,7 +40,6 @@ from resumable.keras.replay.input_roles import (
     Role,
     Unchanged,
 )
-from resumable.keras.saving import user_state
 
 logger = logging.getLogger("resumable")
 

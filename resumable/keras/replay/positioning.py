@@ -14,8 +14,7 @@ from typing import Any
 import keras
 
 from resumable.keras import compat
-from resumable.keras.replay import torch_backend
-from resumable.keras.saving import training_state
+from resumable.keras.checkpoint import torch_backend, training_state
 
 
 def rest_of_epoch(model: keras.Model, args: tuple[Any, ...], kwargs: dict[str, Any], batch: int,

@@ -1,2 +1,2 @@
-"""A checkpoint back into a run: the newest that loads, its files read back and checked, the
-state restored, and the model files a folder held before (adopted by `resume()`)."""
+"""A run resumed: the newest checkpoint of a run that loads (`newest_checkpoint`), restored into
+the run (`restore`), and the effects of stock callbacks that outlive a fit (`continuity`)."""

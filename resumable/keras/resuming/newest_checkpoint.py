@@ -15,8 +15,8 @@ from resumable.core import user_warnings
 from resumable.core.display import printable
 from resumable.core.errors import CorruptCheckpointError, ResumableError
 from resumable.keras import topology
+from resumable.keras.checkpoint import files_to_model
 from resumable.keras.multihost import split_job
-from resumable.keras.resuming import files_to_model
 from resumable.manager import CheckpointInfo
 from resumable.manager.run_manager import RunManager
 

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 
 import keras
 
+from resumable.keras.checkpoint import files_to_model
 from resumable.keras.multihost import split_job
-from resumable.keras.resuming import files_to_model
 from resumable.manager import CheckpointInfo
 
 if TYPE_CHECKING:

@@ -18,7 +18,7 @@ import keras
 import numpy as np
 
 from resumable.keras import compat
-from resumable.keras.saving import npy
+from resumable.keras.checkpoint import npy
 
 logger = logging.getLogger("resumable")
 

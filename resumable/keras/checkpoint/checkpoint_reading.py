@@ -40,7 +40,7 @@ import numpy as np
 
 from resumable.core.display import first_line, human_size, printable
 from resumable.core.errors import CorruptCheckpointError, ResumableError
-from resumable.keras.saving import zip_member
+from resumable.keras.checkpoint import zip_member
 
 MIB = 2**20
 SLACK = 64 * MIB  # a file may hold at most this much more once inflated than its own size

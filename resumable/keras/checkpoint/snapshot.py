@@ -39,7 +39,7 @@ import numpy as np
 
 from resumable.core.manifest import FileEntry
 from resumable.keras import compat
-from resumable.keras.saving import zip_member
+from resumable.keras.checkpoint import zip_member
 from resumable.manager import ChecksummedFile, WrittenFiles
 
 MODEL_FILE = "model.keras"

@@ -40,17 +40,17 @@ from resumable.core.errors import (
     ResumableError,
 )
 from resumable.keras import compat
-from resumable.keras.resuming.state_file import STATE_VERSION, jsonable
-from resumable.keras.saving import lora, trainable
-from resumable.keras.saving.snapshot import (
+from resumable.keras.checkpoint import lora, trainable
+from resumable.keras.checkpoint.snapshot import (
     ARRAYS_FILE,
     MODEL_FILE,
     STATE_FILE,
     WEIGHTS_FILE,
     ModelSnapshot,
 )
-from resumable.keras.saving.snapshot import take as take_snapshot
-from resumable.keras.saving.training_state import seed_generator_arrays
+from resumable.keras.checkpoint.snapshot import take as take_snapshot
+from resumable.keras.checkpoint.state_file import STATE_VERSION, jsonable
+from resumable.keras.checkpoint.training_state import seed_generator_arrays
 from resumable.keras.topology import process_count
 
 

@@ -25,8 +25,8 @@ from resumable.core import file_epochs, user_warnings
 from resumable.core.display import first_line, printable
 from resumable.core.errors import CheckpointNotFoundError, CorruptCheckpointError, ResumableError
 from resumable.keras import compat, topology
-from resumable.keras.dropins import save_and_load
-from resumable.keras.resuming import files_to_model, orbax_steps
+from resumable.keras.checkpoint import files_to_model
+from resumable.keras.dropins import orbax_steps, save_and_load
 from resumable.manager import CORRUPT, ModelFile, RunFolder, list_model_files, split_url
 
 RESUMABLE_FILE = "a resumable.ModelCheckpoint file"

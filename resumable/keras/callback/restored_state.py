@@ -16,8 +16,8 @@ from typing import Any
 import keras
 
 from resumable.core import user_warnings
+from resumable.keras.checkpoint import training_state
 from resumable.keras.replay.inputs import describe, plain_fit_problem
-from resumable.keras.saving import training_state
 from resumable.manager import CheckpointInfo
 
 logger = logging.getLogger("resumable")

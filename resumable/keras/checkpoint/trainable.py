@@ -33,8 +33,7 @@ from resumable.core.checksum import CHUNK_SIZE
 from resumable.core.display import human_size
 from resumable.core.errors import CheckpointMismatchError
 from resumable.keras import compat
-from resumable.keras.resuming import checkpoint_reading
-from resumable.keras.saving import npy
+from resumable.keras.checkpoint import checkpoint_reading, npy
 
 TRAINABLE_FILE = "trainable.npz"
 

@@ -27,10 +27,16 @@ from resumable.core.manifest import FileEntry, Manifest
 from resumable.keras import topology
 from resumable.keras.callback.commit_lines import CommitLines, no_space_line
 from resumable.keras.callback.save_options import SaveOptions
+from resumable.keras.checkpoint import (
+    model_to_files,
+    snapshot,
+    state_file,
+    trainable,
+    training_state,
+    user_state,
+)
 from resumable.keras.multihost import parts
 from resumable.keras.replay.inputs import Feed
-from resumable.keras.resuming import state_file
-from resumable.keras.saving import model_to_files, snapshot, trainable, training_state, user_state
 from resumable.manager import NO_SPACE_ERRNOS
 from resumable.manager.run_manager import RunManager
 

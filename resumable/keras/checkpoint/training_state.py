@@ -19,10 +19,9 @@ import numpy as np
 
 from resumable.core.display import printable
 from resumable.keras import compat
-from resumable.keras.replay import torch_backend
-from resumable.keras.resuming.state_file import from_json_number, is_number, shown
-from resumable.keras.saving import user_state
-from resumable.keras.saving.snapshot import ARRAYS_FILE, STATE_FILE
+from resumable.keras.checkpoint import torch_backend, user_state
+from resumable.keras.checkpoint.snapshot import ARRAYS_FILE, STATE_FILE
+from resumable.keras.checkpoint.state_file import from_json_number, is_number, shown
 
 logger = logging.getLogger("resumable")
 

@@ -20,9 +20,8 @@ from resumable.core.display import printable
 from resumable.core.errors import (
     CorruptCheckpointError,
 )
-from resumable.keras.replay import torch_backend
-from resumable.keras.resuming import checkpoint_reading
-from resumable.keras.saving.snapshot import ARRAYS_FILE, STATE_FILE
+from resumable.keras.checkpoint import checkpoint_reading, torch_backend
+from resumable.keras.checkpoint.snapshot import ARRAYS_FILE, STATE_FILE
 
 STATE_VERSION = 1
 STATE_LIMIT = safe_json.STATE_LIMIT  # bytes: a larger state.json is refused unread

@@ -29,11 +29,9 @@ from resumable.core.errors import (
     CorruptCheckpointError,
 )
 from resumable.keras import compat
-from resumable.keras.resuming import checkpoint_reading, shards, state_file
-from resumable.keras.resuming.state_file import STATE_LIMIT, shown
-from resumable.keras.saving import lora, trainable, zip_member
-from resumable.keras.saving.model_to_files import no_tensorflow_import
-from resumable.keras.saving.snapshot import (
+from resumable.keras.checkpoint import checkpoint_reading, lora, shards, state_file, trainable, zip_member
+from resumable.keras.checkpoint.model_to_files import no_tensorflow_import
+from resumable.keras.checkpoint.snapshot import (
     ARRAYS_FILE,
     ASSETS_FOLDER,
     CONFIG_FILE,
@@ -43,7 +41,8 @@ from resumable.keras.saving.snapshot import (
     SHARDS_FILE,
     WEIGHTS_FILE,
 )
-from resumable.keras.saving.training_state import iterations, restore_seed_generators
+from resumable.keras.checkpoint.state_file import STATE_LIMIT, shown
+from resumable.keras.checkpoint.training_state import iterations, restore_seed_generators
 from resumable.keras.topology import scope
 
 
