@@ -134,6 +134,7 @@ def unnumbered(config: bytes) -> bytes:
     return re.sub(rb'"shared_object_id": \d+', b'"shared_object_id": 0', config)
 
 
+@pytest.mark.lanes
 @pytest.mark.parametrize("weights_only", [True, False])
 @pytest.mark.parametrize("max_shard_size", [None, 2e-5])
 def test_a_snapshot_over_its_budget_holds_no_copy_and_writes_the_same_bytes(
@@ -209,6 +210,7 @@ def test_a_run_saved_within_a_zero_budget_commits_the_same_checksums(
         assert normalized[name](ours) == normalized[name](theirs), name
 
 
+@pytest.mark.lanes
 def test_a_run_saved_within_a_zero_budget_resumes(tmp_path: Path) -> None:
     x = np.random.default_rng(1).normal(size=(64, 16)).astype("float32")
     run = resumable.resume(str(tmp_path / "run"), trained, monitor="loss", snapshot_memory=0)
