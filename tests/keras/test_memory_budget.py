@@ -211,6 +211,21 @@ def test_a_run_saved_within_a_zero_budget_commits_the_same_checksums(
 
 
 @pytest.mark.lanes
+def test_backup_and_restore_backs_up_within_its_budget(tmp_path: Path) -> None:
+    x = np.random.default_rng(1).normal(size=(64, 16)).astype("float32")
+    with pytest.raises(ValueError, match="snapshot_memory"):
+        resumable.BackupAndRestore(str(tmp_path / "bad"), snapshot_memory=-5)
+    backups = {}
+    for memory in ("auto", 0):
+        backup = resumable.BackupAndRestore(str(tmp_path / f"backup-{memory}"), delete_checkpoint=False,
+                                            snapshot_memory=memory)
+        assert backup.snapshot_memory == SnapshotMemory(memory)
+        trained().fit(x, x[:, :1], epochs=2, verbose=0, callbacks=[backup])
+        backups[memory] = checkpoint_files(tmp_path / f"backup-{memory}")
+    assert backups[0] == backups["auto"]
+
+
+@pytest.mark.lanes
 def test_a_run_saved_within_a_zero_budget_resumes(tmp_path: Path) -> None:
     x = np.random.default_rng(1).normal(size=(64, 16)).astype("float32")
     run = resumable.resume(str(tmp_path / "run"), trained, monitor="loss", snapshot_memory=0)
