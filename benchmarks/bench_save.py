@@ -10,6 +10,9 @@ weights, on TensorFlow and on JAX (one process per backend):
 - ``orbax-gcs``:     the same to ``gs://`` on fake-gcs-server
 - ``resumable``:     ``resumable.CheckpointCallback`` to a local folder
 - ``resumable-gcs``: the same to ``gs://`` on fake-gcs-server
+- ``resumable-budget-F``: ``resumable`` with ``snapshot_memory`` F x the checkpoint (its variables'
+  bytes, + 1 MiB for the training state), F = 0, 0.25, 1 (#54): what a save over its memory
+  budget costs, written while training waits, one variable at a time
 
 Every one saves at every epoch end and keeps the last two (ModelCheckpoint overwrites one file).
 The model is functional because on a ``Sequential`` model Keras 3.15's Orbax load path silently
@@ -85,10 +88,15 @@ CONFIGS = {
     "orbax-gcs": "OrbaxCheckpoint, gs://",
     "resumable": "resumable, local",
     "resumable-gcs": "resumable, gs://",
+    "resumable-budget-0": "resumable, local, memory budget 0",
+    "resumable-budget-0.25": "resumable, local, memory budget 0.25x",
+    "resumable-budget-1": "resumable, local, memory budget 1x",
     "floor": "floor: the bytes written once, in a thread",
 }
 ORBAX = ("orbax", "orbax-gcs")
 KEEP = 2  # checkpoints kept: Orbax's max_to_keep, resumable's keep_last
+BUDGET = "resumable-budget-"  # + the budget, x the checkpoint's variables' bytes
+STATE_ROOM = 2**20  # a budget's room for the training state beside the variables
 
 # Resume measures: the first three load the `resumable` configuration's checkpoint, the next three
 # `resumable-gcs`'s, the last `orbax`'s.
@@ -281,6 +289,7 @@ class Bench:
     params: int
     rss: RSS
     emulator_pid: int | None
+    checkpoint_bytes: int = 0  # the model's and optimizer's variables: what a snapshot copies
 
     @classmethod
     def start(cls, args: argparse.Namespace, tmp: str, rss: RSS, emulator_pid: int | None) -> Bench:
@@ -310,7 +319,11 @@ class Bench:
         fs = gcsfs.GCSFileSystem(token="anon")
         bucket = f"bench-{uuid.uuid4().hex[:10]}"
         fs.mkdir(bucket)
-        return cls(args, tmp, bucket, fs, build, x, y, build().count_params(), rss, emulator_pid)
+        model = build()
+        model.optimizer.build(model.trainable_variables)
+        held = sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize
+                   for v in model.weights + model.optimizer.variables)
+        return cls(args, tmp, bucket, fs, build, x, y, model.count_params(), rss, emulator_pid, held)
 
     # -- folders and callbacks
 
@@ -331,8 +344,11 @@ class Bench:
         if config in ORBAX:
             return keras.callbacks.OrbaxCheckpoint(folder, save_freq="epoch", max_to_keep=KEEP)
         if config.startswith("resumable"):
+            budget = (int(float(config.removeprefix(BUDGET)) * self.checkpoint_bytes) + STATE_ROOM
+                      if config.startswith(BUDGET) else "auto")
             return resumable.CheckpointCallback(folder, monitor="loss", keep_last=KEEP,
-                                                staging_dir=f"{self.tmp}/round{number}/stage-{config}")
+                                                staging_dir=f"{self.tmp}/round{number}/stage-{config}",
+                                                snapshot_memory=budget)
         if config == "floor":
             return floor_writer(folder)
         return None

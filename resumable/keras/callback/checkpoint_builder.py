@@ -5,8 +5,10 @@ staging folder, and the manifest that `RunWriter.submit` commits.
 Training waits only for a copy of the values into host memory; the files are written with the
 upload, in the background (`model_to_files.snapshot`, written by `write_staged` in the uploader's
 thread). Without Keras' internals for that, the model is serialized at once as before; so is a
-trainable-only checkpoint, whose megabytes take less time to write than to hold. A full disk
-is one warning and training goes on.
+trainable-only checkpoint, whose megabytes take less time to write than to hold. A checkpoint
+over the save's memory budget (``snapshot_memory``, #54) is written into staging at once, one
+variable at a time, and uploaded (or, in a local run, copied into the run folder) in the
+background. A full disk is one warning and training goes on.
 """
 
 from __future__ import annotations
@@ -130,16 +132,23 @@ class CheckpointBuilder:
             with self.manager.writer.uploader.paused():
                 taken = parts.snapshot(model, state=state, arrays=arrays)
         elif not self.options.save_trainable_only:
+            budget = self.options.snapshot_memory.budget()  # #54: the memory left now, for "auto"
             with self.manager.writer.uploader.paused():
                 taken = model_to_files.snapshot(model, weights_only=self.options.save_weights_only,
                                                 state=state, arrays=arrays,
-                                                max_shard_size=self.options.max_shard_size)
+                                                max_shard_size=self.options.max_shard_size, budget=budget)
         files = SnapshotFiles(taken, name, self) if taken is not None else None
-        # said now, as a synchronous save would
-        if taken is not None and not taken.fits_in(self._write_folder(staging)):
-            self._no_room(name, None if self.manager.writes_in_place else self.manager.staging_dir)
-            return
-        payload = taken.payload if taken is not None else self._serialize(model, staging, name, state, arrays)
+        if isinstance(taken, snapshot.ModelSnapshot) and taken.streamed:
+            payload = self._write_streamed(taken, staging, name)
+            files = None  # on disk in staging: committed like files Keras wrote there (commits.Staged)
+        elif taken is not None:
+            # said now, as a synchronous save would
+            if not taken.fits_in(self._write_folder(staging)):
+                self._no_room(name, None if self.manager.writes_in_place else self.manager.staging_dir)
+                return
+            payload = taken.payload
+        else:
+            payload = self._serialize(model, staging, name, state, arrays)
         if payload is None:
             return
         self.last_saved_step = step
@@ -154,6 +163,25 @@ class CheckpointBuilder:
         if self.options.async_upload:
             logger.info("resumable: staged %s in %.2f s; uploading in the background", name,
                         time.monotonic() - started)
+
+    def _write_streamed(self, taken: snapshot.ModelSnapshot, staging: Path, name: str) -> str | None:
+        """A snapshot over its memory budget (#54), written into ``staging`` now, one variable at a
+        time, while training waits; its payload file's name, or None (warned) when the disk is full.
+        Its upload (or, in a local run, its copy into the run folder) goes on in the background."""
+        self.manager.writer.uploader.drop_cached()  # written here now: the old copy goes first
+        if not taken.fits_in(staging):
+            self._no_room(name, self.manager.staging_dir)
+            return None
+        started = time.monotonic()
+        try:
+            with self.manager.writer.uploader.paused():
+                SnapshotFiles(taken, name, self).write(staging, None)
+        except NoSpaceError:
+            self._no_room(name, self.manager.staging_dir)
+            return None
+        logger.info("resumable: %s over its memory budget (%d bytes): written while training waited, "
+                    "%.2f s", name, taken.nbytes, time.monotonic() - started)
+        return taken.payload
 
     def _serialize(self, model: keras.Model, staging: Path, name: str, state: dict[str, Any],
                    arrays: dict[str, Any]) -> str | None:

@@ -69,6 +69,12 @@ class CheckpointCallback(CarriedRun, OptionAttributes, keras.callbacks.Callback)
         max_shard_size: Weights over this many GiB are written as Keras' sharded weights
             (``model.weights.json`` and shards of at most this size), each checksummed, moved
             several at a time and loaded one at a time; None: one file. Defaults to 1.0.
+        snapshot_memory: The host memory a save may take beyond training's, in bytes, or
+            ``"auto"``: half the memory left to the process (its memory cgroup's limit, else
+            the system's available memory) when the save starts. A checkpoint that fits is
+            copied and written in the background; a bigger one is written while training
+            waits, one variable at a time (the same files). 0 always writes while training
+            waits. Defaults to "auto".
         save_freq: ``"epoch"`` to save at the end of every epoch, or an int N to also save
             every N batches (mid-epoch checkpoints, at optimizer steps that are multiples of N).
             Defaults to ``"epoch"``.
@@ -140,6 +146,7 @@ class CheckpointCallback(CarriedRun, OptionAttributes, keras.callbacks.Callback)
         max_shard_size: float | None = DEFAULT_SHARD_GIB,
         when_behind: str = "skip",
         barrier_timeout: float | datetime.timedelta = DEFAULT_BARRIER_TIMEOUT,
+        snapshot_memory: int | str = "auto",
     ) -> None:
         super().__init__()
         self.options = check_options(
@@ -149,7 +156,7 @@ class CheckpointCallback(CarriedRun, OptionAttributes, keras.callbacks.Callback)
             filename=filename, verbose=verbose, initial_value_threshold=initial_value_threshold,
             staging_dir=staging_dir, storage_options=storage_options, async_upload=async_upload,
             takeover=takeover, lease_timeout=lease_timeout, max_shard_size=max_shard_size,
-            when_behind=when_behind, barrier_timeout=barrier_timeout,
+            when_behind=when_behind, barrier_timeout=barrier_timeout, snapshot_memory=snapshot_memory,
         )
         options = self.options
         # Lease, staging, uploads, commits and retention: this callback only decides when to save.

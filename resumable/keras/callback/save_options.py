@@ -12,6 +12,7 @@ from typing import Any, Generic, TypeVar, overload
 
 from resumable.core.policy import Retention, resolve_mode
 from resumable.keras.callback.save_schedule import SaveSchedule
+from resumable.keras.checkpoint.memory_budget import SnapshotMemory
 from resumable.manager import check_timeout
 from resumable.manager.run_manager import RunManager
 from resumable.manager.uploader import check_when_behind
@@ -46,6 +47,7 @@ class SaveOptions:
     max_shard_size: float | None
     when_behind: str
     barrier_timeout: float  # seconds
+    snapshot_memory: SnapshotMemory  # #54: what a save may copy to host memory
 
     @property
     def file_format(self) -> str:
@@ -92,6 +94,7 @@ def check_options(
     max_shard_size: Any,
     when_behind: Any,
     barrier_timeout: Any,
+    snapshot_memory: Any,
 ) -> SaveOptions:
     """`CheckpointCallback`'s arguments as `SaveOptions`; ValueError for the first bad one. Every
     argument is given: the defaults are the constructor's alone."""
@@ -115,6 +118,7 @@ def check_options(
     _check_bool("takeover", takeover)
     _check_bool("save_trainable_only", save_trainable_only)
     shard_size = _check_max_shard_size(max_shard_size)
+    memory = SnapshotMemory(snapshot_memory)
     lease_seconds = check_timeout(lease_timeout)
     barrier_seconds = check_timeout(barrier_timeout, "barrier_timeout", "how long a process of a "
                                     "multi-host job waits for the others at a save")
@@ -126,7 +130,7 @@ def check_options(
         initial_value_threshold=None if initial_value_threshold is None else float(initial_value_threshold),
         staging_dir=staging_dir, storage_options=storage_options, async_upload=async_upload,
         takeover=takeover, lease_timeout=lease_seconds, max_shard_size=shard_size,
-        when_behind=when_behind, barrier_timeout=barrier_seconds,
+        when_behind=when_behind, barrier_timeout=barrier_seconds, snapshot_memory=memory,
     )
 
 
@@ -171,6 +175,7 @@ class OptionAttributes:
     max_shard_size = Option[float | None]()
     when_behind = Option[str]()
     barrier_timeout = Option[float]()
+    snapshot_memory = Option[SnapshotMemory]()
 
 
 def _check_bool(argument: str, value: Any) -> None:

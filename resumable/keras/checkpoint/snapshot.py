@@ -2,7 +2,7 @@
 
 Training waits only for `take`: Keras' own traversal of what ``model.save`` would write, each
 variable's value copied to host memory as it goes, and the model's config. `ModelSnapshot.write`
-then writes, in any thread and while training goes on, the files `saving.save` documents:
+then writes, in any thread and while training goes on, the files `model_to_files.save` documents:
 ``model.keras`` (or ``model.weights.h5``), ``state.json`` and ``arrays.npz``, which plain
 ``keras.saving.load_model`` and ``model.load_weights`` read. The values are those of the step
 the snapshot was taken at, so a resume from it is as exact as from a synchronous save.
@@ -16,6 +16,11 @@ checksum, moved concurrently with the others and loaded one at a time.
 
 Each file is written once, where it stays, and checksummed (CRC32C) as it is written: `write`
 hands back each file's size and checksum for the manifest, and nothing is read back.
+
+A save has a memory budget (#54, `memory_budget`): a checkpoint over it is not copied. Its
+values stay references to the live variables (`LiveValue`), each read to host memory only as
+`write` reaches it and let go once written, and training waits for that write (``streamed``):
+never more than one variable's copy held at a time, the same files byte for byte.
 
 On a Keras without the internals this needs (`compat.saved_values`), `take` returns None and
 the caller serializes the usual way.
@@ -65,6 +70,7 @@ class ModelSnapshot:
     arrays: dict[str, np.ndarray] = field(default_factory=dict)
     assets: Path | None = None  # a temporary folder of the model's assets, if it has any
     max_shard_size: float | None = None  # GiB; weights over this are written in shards
+    streamed: bool = False  # over its memory budget: values read as written, while training waits
 
     @property
     def sharded(self) -> bool:
@@ -79,7 +85,8 @@ class ModelSnapshot:
 
     @property
     def nbytes(self) -> int:
-        """Bytes held in memory: what a background save costs on top of training."""
+        """The values' bytes: what a background save holds on top of training (a streamed one
+        holds one variable's at a time)."""
         held = sum(int(getattr(v.value, "nbytes", 0)) for v in self.values)
         return held + sum(int(a.nbytes) for a in self.arrays.values())
 
@@ -170,13 +177,24 @@ def _add_folder(archive: zipfile.ZipFile, folder: Path, name: str) -> None:
 
 
 def take(model: keras.Model, *, weights_only: bool, state: dict[str, Any],
-         arrays: dict[str, np.ndarray], max_shard_size: float | None = None) -> ModelSnapshot | None:
-    """Copy what a checkpoint of ``model`` holds into host memory; None without Keras' internals."""
+         arrays: dict[str, np.ndarray], max_shard_size: float | None = None,
+         budget: int | None = None) -> ModelSnapshot | None:
+    """Copy what a checkpoint of ``model`` holds into host memory; None without Keras' internals.
+
+    ``budget``: the bytes the copy may take (None: no limit). Over it, nothing is copied: the
+    snapshot is ``streamed``, to be written at once, while training waits.
+    """
     assets = None if weights_only else Path(tempfile.mkdtemp(prefix="resumable-assets-"))
     try:
-        values = compat.saved_values(model, _host_copy, str(assets) if assets is not None else None)
+        values = compat.saved_values(model, _live_or_copy, str(assets) if assets is not None else None)
         if values is None:
             return None
+        held = (sum(int(getattr(v.value, "nbytes", 0)) for v in values)
+                + sum(int(a.nbytes) for a in arrays.values()))
+        streamed = budget is not None and held > budget
+        if not streamed:
+            values = [v._replace(value=_host_copy(v.value.variable)) if isinstance(v.value, LiveValue) else v
+                      for v in values]
         model_json = None if weights_only else compat.model_json(model)
     except BaseException:
         if assets is not None:
@@ -185,10 +203,41 @@ def take(model: keras.Model, *, weights_only: bool, state: dict[str, Any],
     if assets is not None and not any(assets.iterdir()):
         shutil.rmtree(assets, ignore_errors=True)
         assets = None
-    taken = ModelSnapshot(values, model_json, state, arrays, assets, max_shard_size)
+    taken = ModelSnapshot(values, model_json, state, arrays, assets, max_shard_size, streamed)
     if assets is not None:  # a snapshot dropped unwritten (a newer one replaced it) leaves nothing
         weakref.finalize(taken, shutil.rmtree, assets, True)
     return taken
+
+
+class LiveValue:
+    """A variable recorded for a streamed snapshot: read to host memory when written
+    (``np.asarray``), each time afresh, and held no longer than its write."""
+
+    __slots__ = ("variable", "nbytes")
+
+    def __init__(self, variable: keras.Variable) -> None:
+        self.variable = variable
+        self.nbytes = int(np.prod(variable.shape, dtype=np.int64)) * _itemsize(variable.dtype)
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        array = _host_copy(self.variable)
+        return array if dtype is None else array.astype(dtype, copy=False)
+
+
+def _itemsize(dtype: Any) -> int:
+    name = keras.backend.standardize_dtype(dtype)
+    try:
+        return np.dtype(name).itemsize
+    except TypeError:  # bfloat16, float8_*: NumPy knows them through ml_dtypes, as Keras does
+        import ml_dtypes
+
+        return np.dtype(getattr(ml_dtypes, name)).itemsize
+
+
+def _live_or_copy(value: Any) -> Any:
+    """What the traversal records: a variable as itself (`LiveValue`, copied or not once the
+    snapshot's size is known), any other value as a host copy now."""
+    return LiveValue(value) if isinstance(value, keras.Variable) else _host_copy(value)
 
 
 def _host_copy(value: Any) -> np.ndarray:

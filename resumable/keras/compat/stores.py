@@ -65,7 +65,9 @@ class _HostView:
         self.array = array
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> Any:
-        return self.array if dtype is None else self.array.astype(dtype, copy=False)
+        # a streamed snapshot's value (`snapshot.LiveValue`) is read here, as it is written
+        array = self.array if isinstance(self.array, np.ndarray) else np.asarray(self.array)
+        return array if dtype is None else array.astype(dtype, copy=False)
 
 
 def write_weights(values: list[SavedValue], target: str | io.RawIOBase | BinaryIO) -> None:

@@ -64,6 +64,8 @@ class BackupAndRestore(CheckpointCallback):
         lease_timeout: As for `CheckpointCallback`.
         when_behind: As for `CheckpointCallback`.
         barrier_timeout: As for `CheckpointCallback`.
+        snapshot_memory: As for `CheckpointCallback`: the host memory a backup may copy (bytes,
+            or "auto"); a bigger one is written while training waits, a variable at a time.
     """
 
     def __init__(
@@ -82,6 +84,7 @@ class BackupAndRestore(CheckpointCallback):
         lease_timeout: float | datetime.timedelta = DEFAULT_TIMEOUT,
         when_behind: str = "skip",
         barrier_timeout: float | datetime.timedelta = DEFAULT_BARRIER_TIMEOUT,
+        snapshot_memory: int | str = "auto",
     ) -> None:
         if not backup_dir:
             raise ValueError("Empty `backup_dir` argument passed")
@@ -100,7 +103,7 @@ class BackupAndRestore(CheckpointCallback):
             keep_last=2 if self.double_checkpoint else 1, keep_best=0, save_weights_only=True,
             verbose=verbose, staging_dir=staging_dir, storage_options=storage_options,
             async_upload=async_upload, takeover=takeover, lease_timeout=lease_timeout,
-            when_behind=when_behind, barrier_timeout=barrier_timeout,
+            when_behind=when_behind, barrier_timeout=barrier_timeout, snapshot_memory=snapshot_memory,
         )
 
     epoch_from_fit = True  # no backup: fit's own initial_epoch, as in Keras

@@ -1,0 +1,236 @@
+"""A save's memory budget (#54, resumable/keras/memory_budget.py): the argument, the memory left
+read from a cgroup (v1, v2) or the system, and a save over its budget written while training
+waits, one variable at a time, into the same bytes as a save copied to host memory.
+
+The real memory limit is tests/keras/test_memory_cgroup.py's."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import keras
+import numpy as np
+import pytest
+
+import resumable
+from resumable.keras.checkpoint import model_to_files, snapshot
+from resumable.keras.checkpoint.memory_budget import AUTO_FRACTION, SnapshotMemory, memory_left
+
+
+@pytest.mark.parametrize("bad", [-1, True, 1.5, "lots", None, "AUTO"])
+def test_a_bad_snapshot_memory_is_one_line_naming_it(tmp_path: Path, bad: Any) -> None:
+    with pytest.raises(ValueError, match=r"^Invalid value for argument `snapshot_memory`\. Received: "
+                                         r"snapshot_memory=.*Expected 'auto' or a number of bytes") as raised:
+        resumable.CheckpointCallback(str(tmp_path / "run"), snapshot_memory=bad)
+    assert "\n" not in str(raised.value)
+    with pytest.raises(ValueError, match="snapshot_memory"):
+        resumable.resume(str(tmp_path / "run"), lambda: keras.Sequential(), snapshot_memory=bad)
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("good", [0, 1, 2**40, "auto"])
+def test_a_good_snapshot_memory_is_kept(tmp_path: Path, good: int | str) -> None:
+    callback = resumable.CheckpointCallback(str(tmp_path / "run"), snapshot_memory=good)
+    assert callback.snapshot_memory == SnapshotMemory(good)
+    assert resumable.CheckpointCallback(str(tmp_path / "run")).snapshot_memory.setting == "auto"
+
+
+def fake_root(tmp_path: Path, meminfo_kb: int, cgroup_line: str, files: dict[str, str]) -> Path:
+    (tmp_path / "proc/self").mkdir(parents=True)
+    (tmp_path / "proc/meminfo").write_text(f"MemTotal: 99999999 kB\nMemAvailable: {meminfo_kb} kB\n")
+    (tmp_path / "proc/self/cgroup").write_text(cgroup_line)
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    return tmp_path
+
+
+def test_the_memory_left_is_a_v1_cgroup_s_room_less_its_reclaimable_file_pages(tmp_path: Path) -> None:
+    group = "sys/fs/cgroup/memory/colab/kernel"
+    root = fake_root(tmp_path, 8 * 2**20, "4:memory:/colab/kernel\n0::/\n", {
+        f"{group}/memory.limit_in_bytes": str(3 * 2**30),
+        f"{group}/memory.usage_in_bytes": str(2 * 2**30),
+        f"{group}/memory.stat": f"cache 1\ntotal_inactive_file {2**28}\n",
+        "sys/fs/cgroup/memory/colab/memory.limit_in_bytes": str(2**63 - 4096),  # no limit
+        "sys/fs/cgroup/memory/colab/memory.usage_in_bytes": str(5 * 2**30),
+    })
+    assert memory_left(root) == 2**30 + 2**28
+    assert SnapshotMemory("auto").budget(root) == int((2**30 + 2**28) * AUTO_FRACTION)
+    assert SnapshotMemory(123).budget(root) == 123
+
+
+def test_a_parent_cgroup_s_limit_binds_and_v2_is_read(tmp_path: Path) -> None:
+    root = fake_root(tmp_path, 8 * 2**20, "0::/user.slice/job\n", {
+        "sys/fs/cgroup/user.slice/job/memory.max": "max",
+        "sys/fs/cgroup/user.slice/job/memory.current": str(2**30),
+        "sys/fs/cgroup/user.slice/memory.max": str(3 * 2**30),
+        "sys/fs/cgroup/user.slice/memory.current": str(2 * 2**30),
+        "sys/fs/cgroup/user.slice/memory.stat": f"anon 5\ninactive_file {2**29}\n",
+    })
+    assert memory_left(root) == 2**30 + 2**29
+
+
+def test_without_a_cgroup_limit_the_system_s_available_memory_counts(tmp_path: Path) -> None:
+    root = fake_root(tmp_path, 4 * 2**20, "4:memory:/\n", {
+        "sys/fs/cgroup/memory/memory.limit_in_bytes": str(2**63 - 4096),
+        "sys/fs/cgroup/memory/memory.usage_in_bytes": str(2**30),
+    })
+    assert memory_left(root) == 4 * 2**30
+    assert memory_left(tmp_path / "nowhere") is None
+    assert SnapshotMemory().budget(tmp_path / "nowhere") is None  # nothing known: copied, as before
+
+
+def test_this_machine_s_memory_left_is_at_most_what_the_system_has() -> None:
+    left = memory_left()
+    assert left is not None and left > 0
+    available = int(next(line for line in Path("/proc/meminfo").read_text().splitlines()
+                         if line.startswith("MemAvailable:")).split()[1]) * 1024
+    assert left <= available
+
+
+def trained(layers: int = 3) -> keras.Model:
+    keras.backend.clear_session()  # the same layer names in every model of this file
+    keras.utils.set_random_seed(5)
+    inputs = keras.Input((16,))
+    hidden = inputs
+    for _ in range(layers):
+        hidden = keras.layers.Dense(32)(hidden)
+    model = keras.Model(inputs, keras.layers.Dense(1)(hidden))
+    model.compile(optimizer="adam", loss="mse")
+    x = np.random.default_rng(1).normal(size=(64, 16)).astype("float32")
+    model.fit(x, x[:, :1], epochs=1, verbose=0)
+    return model
+
+
+def file_bytes(folder: Path) -> dict[str, bytes]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def keras_members(data: bytes) -> dict[str, bytes]:
+    """A .keras zip's members, what differs between any two saves of two models set aside."""
+    import io
+
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        members = {info.filename: archive.read(info) for info in archive.infolist()}
+    return {**members, "metadata.json": undated(members["metadata.json"]),
+            "config.json": unnumbered(members["config.json"])}
+
+
+def undated(metadata: bytes) -> bytes:
+    """metadata.json without its save date (a second's resolution)."""
+    loaded = json.loads(metadata)
+    loaded.pop("date_saved")
+    return json.dumps(loaded).encode()
+
+
+def unnumbered(config: bytes) -> bytes:
+    """config.json without Keras' shared_object_id, a Python object's id(): another per model."""
+    return re.sub(rb'"shared_object_id": \d+', b'"shared_object_id": 0', config)
+
+
+@pytest.mark.lanes
+@pytest.mark.parametrize("weights_only", [True, False])
+@pytest.mark.parametrize("max_shard_size", [None, 2e-5])
+def test_a_snapshot_over_its_budget_holds_no_copy_and_writes_the_same_bytes(
+        tmp_path: Path, weights_only: bool, max_shard_size: float | None) -> None:
+    model = trained()
+    kwargs: dict[str, Any] = dict(weights_only=weights_only, state={"step": 1}, max_shard_size=max_shard_size)
+    copied = model_to_files.snapshot(model, **kwargs)
+    streamed = model_to_files.snapshot(model, **kwargs, budget=0)
+    fitting = model_to_files.snapshot(model, **kwargs, budget=copied.nbytes if copied else 0)
+    assert copied is not None and streamed is not None and fitting is not None
+    assert not copied.streamed and not fitting.streamed and streamed.streamed
+    assert all(isinstance(v.value, np.ndarray) for v in copied.values)
+    live = [v for v in streamed.values if isinstance(v.value, snapshot.LiveValue)]
+    assert len(live) == len(model.weights) + len(model.optimizer.variables)  # nothing copied
+    assert streamed.nbytes == copied.nbytes and streamed.payload == copied.payload
+    assert streamed.sharded == (max_shard_size is not None)
+    copied.write(tmp_path / "copied")
+    streamed.write(tmp_path / "streamed")
+    ours, theirs = file_bytes(tmp_path / "streamed"), file_bytes(tmp_path / "copied")
+    assert ours.keys() == theirs.keys()
+    for name in ours:
+        if name == snapshot.MODEL_FILE:
+            assert keras_members(ours[name]) == keras_members(theirs[name])
+        elif name == snapshot.METADATA_FILE:
+            assert undated(ours[name]) == undated(theirs[name])
+        else:
+            assert ours[name] == theirs[name], name
+
+
+def checkpoint_files(run: Path) -> dict[str, dict[str, Any]]:
+    manifest = json.loads((run / "ckpt-000002" / "manifest.json").read_text())
+    return dict(manifest["files"])
+
+
+@pytest.mark.parametrize("save", [
+    {"save_weights_only": True},
+    {"save_weights_only": True, "max_shard_size": 2e-5},
+    {"save_trainable_only": True},
+    {},
+    {"max_shard_size": 2e-5},
+])
+def test_a_run_saved_within_a_zero_budget_commits_the_same_checksums(
+        tmp_path: Path, save: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Training waits for the write (MainThread); every file's checksum is the copied save's, but
+    for what differs between any two saves of a full model: metadata.json's date, config.json's
+    object ids (compared without them)."""
+    writers: list[tuple[bool, str]] = []
+    original = snapshot.ModelSnapshot.write
+
+    def write(self: snapshot.ModelSnapshot, folder: Path, root: str | None = None) -> Any:
+        writers.append((self.streamed, threading.current_thread().name))
+        return original(self, folder, root)
+
+    monkeypatch.setattr(snapshot.ModelSnapshot, "write", write)
+    x = np.random.default_rng(1).normal(size=(64, 16)).astype("float32")
+    files = {}
+    for memory in ("auto", 0):
+        run = tmp_path / f"run-{memory}"
+        callback = resumable.CheckpointCallback(str(run), monitor="loss", snapshot_memory=memory, **save)
+        model = trained()
+        model.fit(x, x[:, :1], epochs=2, verbose=0, callbacks=[callback])
+        files[memory] = checkpoint_files(run)
+    if "save_trainable_only" not in save:
+        assert (False, "resumable-uploader") in writers and (True, "MainThread") in writers
+        assert {w for w in writers if w[0]} == {(True, "MainThread")}
+    assert files["auto"].keys() == files[0].keys()
+    differs = {name for name in files[0] if files[0][name] != files["auto"][name]}
+    full_model = "save_weights_only" not in save and "save_trainable_only" not in save
+    assert differs <= ({"model.keras", "metadata.json", "config.json"} if full_model else set())
+    normalized = {"model.keras": keras_members, "metadata.json": undated, "config.json": unnumbered}
+    for name in differs:
+        ours, theirs = ((tmp_path / f"run-{m}/ckpt-000002/{name}").read_bytes() for m in (0, "auto"))
+        assert normalized[name](ours) == normalized[name](theirs), name
+
+
+@pytest.mark.lanes
+def test_backup_and_restore_backs_up_within_its_budget(tmp_path: Path) -> None:
+    x = np.random.default_rng(1).normal(size=(64, 16)).astype("float32")
+    with pytest.raises(ValueError, match="snapshot_memory"):
+        resumable.BackupAndRestore(str(tmp_path / "bad"), snapshot_memory=-5)
+    backups = {}
+    for memory in ("auto", 0):
+        backup = resumable.BackupAndRestore(str(tmp_path / f"backup-{memory}"), delete_checkpoint=False,
+                                            snapshot_memory=memory)
+        assert backup.snapshot_memory == SnapshotMemory(memory)
+        trained().fit(x, x[:, :1], epochs=2, verbose=0, callbacks=[backup])
+        backups[memory] = checkpoint_files(tmp_path / f"backup-{memory}")
+    assert backups[0] == backups["auto"]
+
+
+@pytest.mark.lanes
+def test_a_run_saved_within_a_zero_budget_resumes(tmp_path: Path) -> None:
+    x = np.random.default_rng(1).normal(size=(64, 16)).astype("float32")
+    run = resumable.resume(str(tmp_path / "run"), trained, monitor="loss", snapshot_memory=0)
+    run.fit(x, x[:, :1], epochs=2, verbose=0)
+    again = resumable.resume(str(tmp_path / "run"), trained, monitor="loss", snapshot_memory=0)
+    assert again.initial_epoch == 2
+    for a, b in zip(run.model.weights, again.model.weights, strict=True):
+        np.testing.assert_array_equal(keras.ops.convert_to_numpy(a), keras.ops.convert_to_numpy(b))
