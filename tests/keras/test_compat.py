@@ -95,10 +95,10 @@ import keras
 if sys.argv[1] == "gone":  # a Keras without the lazy module resumable probes
     from keras.src.utils import module_utils
     del module_utils.tensorflow
-from resumable.keras import saving
+from resumable.keras.checkpoint import model_to_files
 model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
 model.compile(optimizer="adam", loss="mse")
-saving.save(model, pathlib.Path(tempfile.mkdtemp()), weights_only=False, state={})
+model_to_files.save(model, pathlib.Path(tempfile.mkdtemp()), weights_only=False, state={})
 print("tensorflow imported:", "tensorflow" in sys.modules)
 """
 
