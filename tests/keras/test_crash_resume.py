@@ -27,7 +27,11 @@ from resumable import RunStorage
 pytestmark = pytest.mark.slow
 
 JOB = JOBS / "train_job.py"
-EPOCHS = 80  # 20 kills got as far as epoch 27 (local, 2026-11-28): the rest only trains
+# A killed attempt trains at most TRAINED_AT_MOST epochs past its start (4 with the save it may be
+# killed in), however fast this machine is: 20 kills can never finish the run. (A time-bound alone let
+# 17 kills reach epoch 80 on gs:// once saves got faster, 2026-11-29.)
+EPOCHS = 100
+TRAINED_AT_MOST = 3
 KILLS = int(os.environ.get("RESUMABLE_TEST_KILLS", "20"))
 
 
@@ -77,6 +81,10 @@ def run_attempt(argv: list[str], rng: random.Random) -> Attempt:
         if line.startswith("READY") and mode == "training":
             # the first epoch includes tracing the train step (about a second here)
             deadline = time.monotonic() + rng.uniform(0, 3.0)
+        if "resumable: saving" in line and mode == "training":
+            saves += 1
+            if saves == TRAINED_AT_MOST:  # a fast machine: kill soon after this save starts
+                deadline = min(deadline, time.monotonic() + 0.1)
         if "resumable: saving" in line and mode == "saving":
             saves += 1
             if saves == wanted_saves:
