@@ -1,6 +1,7 @@
 """A small deterministic training job that tests run in a subprocess, kill and restart.
 
     python tests/jobs/train_job.py RUN_URL --epochs 12 --out final.npz
+    python tests/jobs/train_job.py --plain --epochs 12 --out final.npz     (plain model.fit)
 
 Resumes RUN_URL (or starts it), trains a tiny MLP on fixed synthetic data, and writes the
 final weights to ``--out``. Prints one marker per line on stdout, flushed:
@@ -50,6 +51,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
                         help="resumable's warnings on stderr too, as a user sees them")
     parser.add_argument("--when-behind", choices=["skip", "wait"], default="skip")
     parser.add_argument("--lease-timeout", type=float, default=40.0, help="seconds, as in the callback")
+    parser.add_argument("--plain", action="store_true",
+                        help="the user's own baseline: plain model.fit, no resumable (RUN_URL unused)")
     return parser.parse_args(argv)
 
 
@@ -114,6 +117,21 @@ def save_weights(model: Any, path: str) -> None:
     np.savez(path, *[np.asarray(w) for w in model.get_weights()])
 
 
+def plain_fit(args: argparse.Namespace) -> int:
+    """The same training with keras' model.fit alone, as the user would run it without resumable."""
+    import keras
+
+    model = build_model(args.seed)
+    x, y, x_val, y_val = data(args.seed)
+    keras.utils.set_random_seed(args.seed + 1)
+    model.fit(x, y, epochs=args.epochs, batch_size=32, shuffle=args.shuffle, validation_data=(x_val, y_val),
+              verbose=0)
+    if args.out:
+        save_weights(model, args.out)
+    print(f"DONE epochs={args.epochs}", flush=True)
+    return 0
+
+
 def main(argv: list[str]) -> int:
     args = parse(argv)
     configure_devices(args.strategy)
@@ -131,6 +149,8 @@ def main(argv: list[str]) -> int:
         shown.setLevel(logging.WARNING)
         log.addHandler(shown)
 
+    if args.plain:
+        return plain_fit(args)
     strategy = None
     if args.strategy == "mirrored":
         import tensorflow as tf

@@ -113,7 +113,8 @@ def train_until_done(job: list[str], out: Path, seed: int, kills: int) -> tuple[
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, np.ndarray]:
-    """The reference: the same job in a fresh Python process, never killed."""
+    """The reference: the same job in a fresh Python process, never killed, checked equal to plain
+    model.fit in another."""
     folder = tmp_path_factory.mktemp("uninterrupted")
     out = folder / "final.npz"
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
@@ -123,7 +124,17 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, np.ndar
     )
     assert done.returncode == 0, done.stdout + done.stderr
     with np.load(out) as data:
-        return {key: data[key] for key in data.files}
+        weights = {key: data[key] for key in data.files}
+    # ... which is what the user's own model.fit gives: a killed run ends as plain Keras would have
+    plain = folder / "plain.npz"
+    done = subprocess.run([sys.executable, str(JOB), "--plain", "--epochs", str(EPOCHS), "--out", str(plain)],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    with np.load(plain) as data:
+        assert data.files == list(weights)
+        for key in data.files:
+            assert np.array_equal(data[key], weights[key]), f"run.fit's weights {key} differ from model.fit's"
+    return weights
 
 
 # Shards of 2 KiB: the model's weights and Adam's state in several shards (each variable in one).
