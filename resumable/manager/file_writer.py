@@ -52,7 +52,8 @@ class FileWriter:
             return [j.target.url for j in (worker.in_flight, worker.waiting) if j is not None]
 
     def write_later(self, job: FileJob) -> None:
-        """Land ``job``; in the background unless ``background=False`` (then errors raise here)."""
+        """Land ``job``, later: in the background, returning at once; with ``background=False``
+        now, in this thread (then errors raise here)."""
         if not self.background:
             self._land(job)
             return
@@ -63,7 +64,7 @@ class FileWriter:
             _drop(replaced)
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Block until every submitted file landed; raise the first failure. False on timeout."""
+        """Block until every file given to `write_later` landed; raise the first failure. False on timeout."""
         return self._worker.join(timeout)
 
     def _wait_at_exit(self) -> None:
