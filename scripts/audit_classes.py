@@ -265,15 +265,15 @@ def _as_host(name: str, clock_ahead: float = 0.0) -> Iterator[None]:
     """Leases taken inside name host ``name``; the lease reads a clock ``clock_ahead`` s fast."""
     import datetime as dt
 
-    from resumable.storage import this_machine
+    from resumable.storage import lease_info, this_machine
 
-    host, now = this_machine.HOST, this_machine.now
+    host, now = this_machine.HOST, lease_info.wall_clock
     this_machine.HOST = name
-    this_machine.now = lambda: now() + dt.timedelta(seconds=clock_ahead)
+    lease_info.wall_clock = lambda: now() + dt.timedelta(seconds=clock_ahead)
     try:
         yield
     finally:
-        this_machine.HOST, this_machine.now = host, now
+        this_machine.HOST, lease_info.wall_clock = host, now
 
 
 @case("lease-contender-clock-60-s-ahead")

@@ -36,7 +36,7 @@ class Arrival:
         # One job, the fetch; the worker keeps its error. Not waited for at exit: nothing is lost.
         self._worker: Worker[Fetch] = Worker("resumable-arrival", self._run)
         self._changed = self._worker.cond
-        self._worker.submit(fetch)
+        self._worker.enqueue(fetch)
 
     @classmethod
     def already_here(cls, folder: Path) -> Arrival:

@@ -70,12 +70,12 @@ class Worker(Generic[J]):
         self._run = run
         self._first = first
         self.at_exit = at_exit
-        self.cond = threading.Condition()  # reentrant: an owner holding it may call submit
+        self.cond = threading.Condition()  # reentrant: an owner holding it may call enqueue
         self.in_flight: J | None = None
         self.waiting: J | None = None
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
-        self._handed: J | None = None  # put in flight by `submit`, not yet run by the thread
+        self._handed: J | None = None  # put in flight by `enqueue`, not yet run by the thread
         if at_exit is not None:
             _live.add(self)
 
@@ -102,7 +102,7 @@ class Worker(Generic[J]):
         with self.cond:
             return self.in_flight is None and self.waiting is None
 
-    def submit(self, job: J, *, replaces: Callable[[J], bool] | None = None) -> J | None:
+    def enqueue(self, job: J, *, replaces: Callable[[J], bool] | None = None) -> J | None:
         """Put ``job`` in the waiting slot and return at once with the job it replaced (or None).
 
         ``replaces(waiting)`` says whether ``job`` may replace the job waiting; when it may not,

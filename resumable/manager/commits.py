@@ -36,6 +36,7 @@ from resumable.core.manifest import Manifest
 from resumable.manager.job_commit import JobCommit
 from resumable.manager.listener import Files, write_files
 from resumable.storage import CheckpointInfo, RunStorage
+from resumable.storage.commit import Committer
 
 T = TypeVar("T")
 
@@ -96,24 +97,25 @@ class InPlace:
 
     def __init__(self, writer: Writer) -> None:
         self._writer = writer
+        self._committer: Committer = writer.storage.committer  # steps 1, 3 and 4 of the protocol
 
     def write(self, job: SaveJob) -> None:
         """Nothing before the commit: the files are written as it commits (`run`)."""
 
     def run(self, job: SaveJob) -> CheckpointInfo:
-        writer, storage, name = self._writer, self._writer.storage, job.name
+        writer, storage, committer, name = self._writer, self._writer.storage, self._committer, job.name
         if job.files is None:
             raise ResumableError(f"{storage.url}/{name}: no files to write in place")
         with writer.holding():
             writer.renew_before_commit(name)
-            target = Path(writer.replacing_damaged(name, lambda: storage.committer.begin_in_place(name)))
+            target = Path(writer.replacing_damaged(name, lambda: committer.begin_in_place(name)))
             try:
                 written = write_files(job.files, target, storage.root)
             except BaseException:
                 with contextlib.suppress(ResumableError, OSError):  # a partial folder only holds space
                     storage.delete(name)
                 raise
-            return storage.committer.commit_in_place(name, job.manifest, written)
+            return self._committer.commit_in_place(name, job.manifest, written)
 
 
 class Parts:
@@ -156,7 +158,7 @@ class SaveJob:
     commit: Commit
     files: Files | None = None
 
-    def prepare(self, before: Callable[[], None]) -> None:
+    def stage_files(self, before: Callable[[], None]) -> None:
         """Write the files into the staging folder, if they are not yet: ``before()`` first, then
         a failed earlier try's leftovers are cleared. A commit in place writes them as it commits."""
         if not self.commit.stages:

@@ -51,19 +51,20 @@ class FileWriter:
         with worker.cond:
             return [j.target.url for j in (worker.in_flight, worker.waiting) if j is not None]
 
-    def submit(self, job: FileJob) -> None:
-        """Land ``job``; in the background unless ``background=False`` (then errors raise here)."""
+    def write_later(self, job: FileJob) -> None:
+        """Land ``job``, later: in the background, returning at once; with ``background=False``
+        now, in this thread (then errors raise here)."""
         if not self.background:
             self._land(job)
             return
         # One waiting at most: training waits for the slot, unless the same file is saved again
         # (the newer one wins).
-        replaced = self._worker.submit(job, replaces=lambda waiting: waiting.target.url == job.target.url)
+        replaced = self._worker.enqueue(job, replaces=lambda waiting: waiting.target.url == job.target.url)
         if replaced is not None:
             _drop(replaced)
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Block until every submitted file landed; raise the first failure. False on timeout."""
+        """Block until every file given to `write_later` landed; raise the first failure. False on timeout."""
         return self._worker.join(timeout)
 
     def _wait_at_exit(self) -> None:

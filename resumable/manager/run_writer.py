@@ -140,10 +140,14 @@ class RunWriter:
         return folder
 
     def submit(self, folder: Path, name: str, manifest: Manifest, *, files: Files | None = None) -> None:
-        """Commit a staged folder as ``name``, in the background or now (`RunManager.submit`)."""
+        """A save handed over: checkpoint ``name`` (``manifest``; its ``files``, or those in ``folder``)
+        committed in the background (`Uploader.commit_later`) or now (`Uploader.commit_now`,
+        ``async_upload=False``), by the commit `commit_for` chooses. The one ``submit`` of the
+        package: `Uploader` queues with `commit_later`, `background.Worker` with `enqueue`, and a
+        drop-in's `file_writer.FileWriter` with `write_later`."""
         commit = self.commit_for(files)
         if self.options.async_upload:
-            self.uploader.submit(folder, name, manifest, files=files, commit=commit)
+            self.uploader.commit_later(folder, name, manifest, files=files, commit=commit)
         else:
             self.uploader.commit_now(folder, name, manifest, files=files, commit=commit)
 

@@ -2,7 +2,7 @@
 
 Each save is one job (`commits.SaveJob`): the checkpoint's name and manifest, its files still
 in memory (`listener.Files`) or already in a staging folder, and its commit (`commits`: in
-place, staged, in parts). The worker runs a job in two steps, in order: `SaveJob.prepare` (a
+place, staged, in parts). The worker runs a job in two steps, in order: `SaveJob.stage_files` (a
 staged job's files written into its staging folder, the local copy of the last commit dropped
 first), then ``job.commit.run(job)`` (the protocol's steps); then ``on_commit`` (the writer's
 retention and listener).
@@ -11,12 +11,12 @@ One worker thread and two slots: the job in flight and the job waiting. By defau
 (``when_behind="skip"``) a newer job replaces the waiting one (whose staged folder is deleted):
 when uploads are slower than training, the run folder gets every checkpoint the network can
 carry, always the newest, and training never waits; one line says which checkpoint was
-skipped, and why the first time. With ``when_behind="wait"`` a submit waits for the slot
+skipped, and why the first time. With ``when_behind="wait"`` `commit_later` waits for the slot
 instead: every checkpoint is committed, and training waits while uploads are behind.
 Independent of Keras; works with any `RunStorage`.
 
 A job whose commit fails (after the storage layer's own retries with backoff) is reported as a
-warning with the reason; its staged folder is kept, and it is tried again at the next `submit`
+warning with the reason; its staged folder is kept, and it is tried again at the next `commit_later`
 and at `wait`, unless a newer job has been committed since. `wait` raises the error when the
 newest job still could not be committed. At interpreter exit, pending uploads are waited for,
 with a message.
@@ -55,7 +55,7 @@ class Uploader:
 
     ```python
     uploader = Uploader(RunStorage("gs://bucket/runs/exp1"), on_commit=print)
-    uploader.submit(Path("/tmp/stage/ckpt-000003"), "ckpt-000003", Manifest(epoch=3))  # returns at once
+    uploader.commit_later(Path("/tmp/stage/ckpt-000003"), "ckpt-000003", Manifest(epoch=3))  # returns at once
     uploader.wait()   # blocks until idle; raises if the newest checkpoint could not be committed
     ```
 
@@ -102,7 +102,7 @@ class Uploader:
         self._worker: Worker[SaveJob] = Worker("resumable-uploader", self._upload, first=self._retry_first,
                                                  at_exit=lambda: land_at_exit(self))
         self._cond = self._worker.cond
-        self._failed: SaveJob | None = None  # kept on disk; retried by the next submit or wait
+        self._failed: SaveJob | None = None  # kept on disk; retried by the next commit_later or wait
         self._error: BaseException | None = None  # why _failed failed
         self._lost: LeaseLostError | None = None  # a job dropped: the lease was lost; wait() raises it once
         # #36: False for the processes of a multi-host job, which must all commit the same
@@ -136,7 +136,7 @@ class Uploader:
             jobs = (self._worker.in_flight, self._worker.waiting)
             return any(j is not None and j.name == name for j in jobs)
 
-    def submit(self, staged: Path, name: str, manifest: Manifest, *, files: Files | None = None,
+    def commit_later(self, staged: Path, name: str, manifest: Manifest, *, files: Files | None = None,
                commit: Commit | None = None) -> None:
         """Queue ``staged`` for committing as ``name`` and return at once.
 
@@ -146,17 +146,17 @@ class Uploader:
         snapshot freed), or with ``when_behind="wait"`` waited for. A job that failed before is
         queued again ahead of this one, unless this one has the same name.
         """
-        job = SaveJob(Path(staged), name, manifest, time.monotonic(), commit or self.staged_commit, files)
+        job = self._job(staged, name, manifest, files, commit)
         with self._cond:
             if self._closed:
-                raise RuntimeError("Uploader.submit after close()")
+                raise RuntimeError("Uploader.commit_later after close()")
             worker = self._worker
             if self.when_behind == "wait" and worker.waiting is not None and worker.waiting.name != name:
                 logger.info("resumable: %s waits for the upload of %s (when_behind='wait')", name,
                             worker.waiting.name)
                 wait_for(self._cond, lambda: worker.waiting is None or self._closed)
                 if self._closed:
-                    raise RuntimeError("Uploader.submit after close()")
+                    raise RuntimeError("Uploader.commit_later after close()")
             in_flight = worker.in_flight
             if self._failed is not None and self._failed.name == name:
                 if self._failed.staged != job.staged:
@@ -164,13 +164,18 @@ class Uploader:
                 self._failed = None
                 self._error = None
             self._retry = self._failed is not None
-            dropped = worker.submit(job)  # the lock is held: the worker takes nothing before this is done
+            dropped = worker.enqueue(job)  # the lock is held: the worker takes nothing before this is done
         if dropped is not None:
             if dropped.staged != job.staged:
                 self._drop(dropped)
             if dropped.name != name:  # the same name saved again replaces nothing kept
                 self.replaced.append(dropped.name)
                 self._say_skipped(dropped, job, in_flight)
+
+    def _job(self, staged: Path, name: str, manifest: Manifest, files: Files | None,
+             commit: Commit | None) -> SaveJob:
+        """The save job, submitted now; committed by `staged_commit` unless ``commit`` says otherwise."""
+        return SaveJob(Path(staged), name, manifest, time.monotonic(), commit or self.staged_commit, files)
 
     def _say_skipped(self, dropped: SaveJob, newer: SaveJob, in_flight: SaveJob | None) -> None:
         """One line per checkpoint skipped: which, and the first time why and what to do."""
@@ -209,8 +214,8 @@ class Uploader:
                    commit: Commit | None = None) -> CheckpointInfo:
         """Commit in the calling thread (synchronous mode); errors raise, the staged folder is kept."""
         self.wait()
-        job = SaveJob(Path(staged), name, manifest, time.monotonic(), commit or self.staged_commit, files)
-        job.prepare(before=self.drop_cached)
+        job = self._job(staged, name, manifest, files, commit)
+        job.stage_files(before=self.drop_cached)
         info = job.commit.run(job)
         self._committed_job(job)
         if self._on_commit is not None:
@@ -221,7 +226,7 @@ class Uploader:
         """Block until nothing is in flight or waiting; retry a failed job once first.
 
         Returns False when ``timeout`` seconds passed first. Raises the last error when the
-        newest job failed (its staged folder is kept; a later submit or wait tries again).
+        newest job failed (its staged folder is kept; a later commit_later or wait tries again).
         ``message`` prints what is waited for; defaults to ``verbose``.
         """
         worker = self._worker
@@ -278,7 +283,7 @@ class Uploader:
     def _upload(self, job: SaveJob) -> None:
         """One job, in the worker thread: every error is the uploader's to report (never raised)."""
         try:
-            job.prepare(before=self.drop_cached)  # the old copy goes first: never two on disk
+            job.stage_files(before=self.drop_cached)  # the old copy goes first: never two on disk
             info = job.commit.run(job)
         except BaseException as e:  # reported at the next wait(), never lost
             self._failed_job(job, e)

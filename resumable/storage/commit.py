@@ -311,10 +311,19 @@ class Committer:
             # Listings can lag behind writes (Drive seen from another VM): a manifest that reads
             # back is committed, even when no listing shows it yet. Never write over its files.
             manifest_path = folder.path(name, MANIFEST_NAME)
+
+            def manifest_found() -> bool:
+                try:
+                    folder.fs.info(manifest_path)
+                except FileNotFoundError:  # the usual answer, at every save: no error to translate
+                    return False
+                return True
+
             try:
                 with folder.errors(folder.url_of(name, MANIFEST_NAME)):
-                    folder.call(lambda: folder.fs.info(manifest_path), "stat manifest")
-            except FileNotFoundError:
+                    if not folder.call(manifest_found, "stat manifest"):
+                        return
+            except FileNotFoundError:  # a 404 that is no FileNotFoundError, translated
                 return
             raise CheckpointExistsError(
                 f"{folder.url_of(name)} is already committed (by another process, not listed yet) and "

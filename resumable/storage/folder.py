@@ -74,6 +74,7 @@ class RunFolder:
             raise
         self.root = root.rstrip("/") or root
         protocols = (self.fs.protocol,) if isinstance(self.fs.protocol, str) else tuple(self.fs.protocol)
+        self._strip_protocol = gcsfs_compat.protocol_stripper(self.fs)  # chosen once, used at every listing
         self.is_local = "file" in protocols
         self.is_gcs = "gs" in protocols
         self._credentials_checked = not self.is_gcs
@@ -233,7 +234,7 @@ class RunFolder:
 
     def strip(self, path: str) -> str:
         """A path as listings and reads name it: without the protocol or a trailing "/"."""
-        return gcsfs_compat.strip_protocol(self.fs, path)
+        return str(self._strip_protocol(path)).rstrip("/")
 
     # ----------------------------------------------------------------- listings
 

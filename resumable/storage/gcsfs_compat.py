@@ -35,11 +35,20 @@ def _member(cls: type, name: str) -> Any:
 
 def strip_protocol(fs: Any, path: str) -> str:
     """``path`` as ``fs`` names it internally: ``gs://b/k/`` -> ``b/k``."""
-    strip = _member(type(fs), "_strip_protocol")  # a classmethod of every fsspec filesystem
-    if strip is not None:
-        return str(strip(path)).rstrip("/")
+    return str(protocol_stripper(fs)(path)).rstrip("/")
+
+
+def protocol_stripper(fs: Any) -> Callable[[str], str]:
+    """What `strip_protocol` calls for ``fs``, chosen once (a `RunFolder` keeps it): the
+    filesystem's own ``_strip_protocol`` (a classmethod of every fsspec filesystem), else the
+    text after ``://``. Its result may end in "/": strip that."""
+    strip = _member(type(fs), "_strip_protocol")
+    return strip if strip is not None else _after_protocol
+
+
+def _after_protocol(path: str) -> str:
     _, separator, rest = path.partition("://")
-    return (rest if separator else path).rstrip("/")
+    return rest if separator else path
 
 
 def awaits_listing_and_reads(fs: Any) -> bool:

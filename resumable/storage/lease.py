@@ -42,7 +42,7 @@ inspect, verify, resume's loading) need no lease.
 Here: `Lease`, one writer's lease (take, renew, fence, release, the renewal thread, the release
 at exit). What lease.json says and the judgements of its holder: `lease_info.LeaseInfo`; a
 contender facing a lease already there: `lease_contest.may_take`; this process and machine as
-a lease names them: `this_machine`.
+a lease names them: `this_machine` (the wall clock as lease.json stores it: `lease_info.wall_clock`).
 
 Example:
 
@@ -70,7 +70,7 @@ from collections.abc import Callable
 from typing import Any
 
 from resumable.core.errors import LeaseHeldError, LeaseLostError, ResumableError
-from resumable.storage import RunStorage, this_machine
+from resumable.storage import RunStorage, lease_info, this_machine
 from resumable.storage.lease_contest import MAX_WAIT, TORN_GRACE, may_take
 from resumable.storage.lease_info import (
     DEFAULT_TIMEOUT,
@@ -142,7 +142,7 @@ class Lease:
             # A take that fails leaves nothing held and nothing given back: what is written next
             # is a one-off write forced past the holder (`RunWriter.writing(force=True)`), unfenced.
             self.lost, self._taken_by, self.given_back = None, None, False
-            now = this_machine.now()
+            now = lease_info.wall_clock()
             info = LeaseInfo(token=uuid.uuid4().hex, host=this_machine.HOST, pid=os.getpid(), started=now,
                              renewed=now, timeout=self.timeout, renew_interval=self.renew_interval,
                              process_start=this_machine.own_process_start(), boot_id=this_machine.BOOT_ID)
@@ -181,7 +181,7 @@ class Lease:
             self.check()
             if self.info is None:
                 raise LeaseLostError(f"{self._url}: this process holds no writer lease; take it first")
-            info = dataclasses.replace(self.info, renewed=this_machine.now())
+            info = dataclasses.replace(self.info, renewed=lease_info.wall_clock())
             data = info.to_json()
             version = self.storage.run_files.replace_run_file(LEASE_NAME, data, self._version)
             if version is None:

@@ -80,11 +80,11 @@ class LeaseInfo:
     def age(self, now: dt.datetime | None = None) -> float:
         """Seconds since the last renewal by the holder's clock read on ours (0 when ahead of
         ours): shown in messages; trusted only where `clock_is_ours`."""
-        return max(0.0, ((now or this_machine.now()) - self.renewed).total_seconds())
+        return max(0.0, ((now or wall_clock()) - self.renewed).total_seconds())
 
     def clock_is_ours(self, now: dt.datetime | None = None) -> bool:
         """Renewed on this machine, at a time that is not in our future: its age can be trusted."""
-        ahead = (self.renewed - (now or this_machine.now())).total_seconds()
+        ahead = (self.renewed - (now or wall_clock())).total_seconds()
         return self.on_this_machine() and ahead <= CLOCK_TOLERANCE
 
     @property
@@ -176,6 +176,13 @@ def check_holder(storage: RunStorage, token: str) -> None:
                              f"({who}); this process stops writing to this run folder")
 
 
+def wall_clock() -> dt.datetime:
+    """The wall clock, as lease.json stores it (UTC, to the millisecond). Tests that play a
+    machine whose clock is off change it here; everything reads it from this module."""
+    moment = dt.datetime.now(dt.timezone.utc)
+    return moment.replace(microsecond=moment.microsecond // 1000 * 1000)
+
+
 def _iso(moment: dt.datetime) -> str:
     return moment.astimezone(dt.timezone.utc).isoformat(timespec="milliseconds")
 
@@ -232,4 +239,4 @@ def ago(seconds: float) -> str:
 
 
 __all__ = ["DEFAULT_TIMEOUT", "LEASE_FORMAT", "LEASE_NAME", "LeaseInfo", "ago", "check_holder", "read_lease",
-           "show_moment"]
+           "show_moment", "wall_clock"]

@@ -177,8 +177,9 @@ def checked_info(name: str, url: str, listed: dict[str, ListedFile], blob: bytes
             problems.append(f"{rel} has {found.size} bytes, manifest says {entry.size}")
         elif found.crc32c is not None and found.crc32c != entry.crc32c:
             problems.append(f"{rel} crc32c {found.crc32c}, manifest says {entry.crc32c}")
-    status = Status.CORRUPT if problems else Status.OK
-    return CheckpointInfo(name, url, status, manifest, printable("; ".join(problems)), listed)
+    if not problems:  # the usual case: nothing to make printable
+        return CheckpointInfo(name, url, Status.OK, manifest, "", listed)
+    return CheckpointInfo(name, url, Status.CORRUPT, manifest, printable("; ".join(problems)), listed)
 
 
 def manifest_readable(files: dict[str, ListedFile]) -> bool:

@@ -1,12 +1,12 @@
 """This process and this machine, as the writer lease names them: the host name, the boot id, a
-process's start time (which tells a reused pid), and the wall clock as lease.json stores it.
+process's start time (which tells a reused pid). (The wall clock, as lease.json stores it, is
+`lease_info.wall_clock`.)
 
 Tests that play another machine change `HOST` here; everything reads it from this module.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import os
 import socket
 
@@ -49,9 +49,4 @@ def own_process_start() -> int | None:
     return _own_start[1]
 
 
-def now() -> dt.datetime:
-    moment = dt.datetime.now(dt.timezone.utc)
-    return moment.replace(microsecond=moment.microsecond // 1000 * 1000)  # as lease.json stores it
-
-
-__all__ = ["BOOT_ID", "HOST", "now", "own_process_start", "process_start"]
+__all__ = ["BOOT_ID", "HOST", "own_process_start", "process_start"]

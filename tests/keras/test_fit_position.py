@@ -8,8 +8,7 @@ import keras
 import numpy as np
 import pytest
 
-from resumable.keras.callback.fit_position import FitPosition
-from resumable.keras.callback.restored_state import RestoredState
+from resumable.keras.callback.fit_position import FitPosition, RestoredState
 from resumable.keras.checkpoint import training_state
 
 

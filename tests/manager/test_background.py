@@ -38,7 +38,7 @@ def test_jobs_run_one_at_a_time_in_order_in_the_named_thread() -> None:
     gate.release.set()
     worker: Worker[str] = Worker("test-worker", gate.run)
     for job in ("a", "b", "c"):
-        worker.submit(job)
+        worker.enqueue(job)
         assert worker.join(timeout=10)
     assert gate.done == ["a", "b", "c"]
     assert gate.threads == {"test-worker"}
@@ -47,10 +47,10 @@ def test_jobs_run_one_at_a_time_in_order_in_the_named_thread() -> None:
 def test_the_newest_submission_replaces_the_waiting_job_never_the_running_one() -> None:
     gate = Gate()
     worker: Worker[str] = Worker("test-worker", gate.run)
-    assert worker.submit("a") is None
+    assert worker.enqueue("a") is None
     assert gate.running.wait(10)  # a is in flight
-    assert worker.submit("b") is None
-    assert worker.submit("c") == "b"  # b was waiting: replaced, handed back to its owner
+    assert worker.enqueue("b") is None
+    assert worker.enqueue("c") == "b"  # b was waiting: replaced, handed back to its owner
     assert (worker.in_flight, worker.waiting) == ("a", "c")
     gate.release.set()
     assert worker.join(timeout=10)
@@ -63,10 +63,10 @@ def test_a_job_submitted_while_nothing_runs_is_in_flight_before_the_thread_takes
     gate = Gate()
     worker: Worker[str] = Worker("test-worker", gate.run)
     with worker.cond:  # the thread takes nothing while the lock is held: as if it had not run yet
-        assert worker.submit("a") is None
-        assert worker.submit("b") is None  # a is in flight: b waits, nothing replaced
+        assert worker.enqueue("a") is None
+        assert worker.enqueue("b") is None  # a is in flight: b waits, nothing replaced
         assert (worker.in_flight, worker.waiting) == ("a", "b")
-        assert worker.submit("c") == "b"  # the third replaces the waiting one, as documented
+        assert worker.enqueue("c") == "b"  # the third replaces the waiting one, as documented
     gate.release.set()
     assert worker.join(timeout=10)
     assert gate.done == ["a", "c"]
@@ -75,12 +75,12 @@ def test_a_job_submitted_while_nothing_runs_is_in_flight_before_the_thread_takes
 def test_a_job_that_may_not_replace_the_waiting_one_waits_for_the_slot() -> None:
     gate = Gate()
     worker: Worker[str] = Worker("test-worker", gate.run)
-    worker.submit("a")
+    worker.enqueue("a")
     assert gate.running.wait(10)
-    worker.submit("b")
+    worker.enqueue("b")
     returned: list[str | None] = []
     def submit_c() -> None:
-        returned.append(worker.submit("c", replaces=lambda waiting: waiting == "c"))
+        returned.append(worker.enqueue("c", replaces=lambda waiting: waiting == "c"))
 
     submitter = threading.Thread(target=submit_c)
     submitter.start()
@@ -96,10 +96,10 @@ def test_a_job_that_may_not_replace_the_waiting_one_waits_for_the_slot() -> None
 def test_the_same_job_saved_again_replaces_the_waiting_one_without_blocking() -> None:
     gate = Gate()
     worker: Worker[str] = Worker("test-worker", gate.run)
-    worker.submit("a")
+    worker.enqueue("a")
     assert gate.running.wait(10)
-    worker.submit("b")
-    assert worker.submit("b", replaces=lambda w: w == "b") == "b"
+    worker.enqueue("b")
+    assert worker.enqueue("b", replaces=lambda w: w == "b") == "b"
     gate.release.set()
     assert worker.join(timeout=10)
     assert gate.done == ["a", "b"]
@@ -111,7 +111,7 @@ def test_the_first_error_is_kept_and_raised_once_at_join_and_later_jobs_still_ru
     gate.release.set()
     worker: Worker[str] = Worker("test-worker", gate.run)
     for job in ("a", "b", "c"):
-        worker.submit(job)
+        worker.enqueue(job)
         while not worker.idle():
             time.sleep(0.01)
     assert gate.done == ["c"]
@@ -125,7 +125,7 @@ def test_the_first_error_is_kept_and_raised_once_at_join_and_later_jobs_still_ru
 def test_join_returns_false_when_the_timeout_passes_first() -> None:
     gate = Gate()
     worker: Worker[str] = Worker("test-worker", gate.run)
-    worker.submit("a")
+    worker.enqueue("a")
     started = time.monotonic()
     assert worker.join(timeout=0.2) is False
     assert 0.15 < time.monotonic() - started < 5
@@ -138,20 +138,20 @@ def test_an_idle_worker_holds_no_thread_and_starts_one_for_the_next_job() -> Non
     gate.release.set()
     worker: Worker[str] = Worker("test-worker", gate.run)
     assert worker.thread is None
-    worker.submit("a")
+    worker.enqueue("a")
     first = worker.thread
     assert first is not None
     worker.join(timeout=10)
     first.join(10)
     assert not first.is_alive() and worker.thread is None
-    worker.submit("b")
+    worker.enqueue("b")
     assert worker.join(timeout=10) and gate.done == ["a", "b"]
 
 
 def test_in_worker_is_true_only_in_the_worker_thread() -> None:
     seen: list[bool] = []
     worker: Worker[str] = Worker("test-worker", lambda job: seen.append(worker.in_worker()))
-    worker.submit("a")
+    worker.enqueue("a")
     worker.join(timeout=10)
     assert seen == [True] and not worker.in_worker()
 
@@ -161,7 +161,7 @@ def test_first_runs_a_job_ahead_of_the_waiting_one() -> None:
     retry = ["r"]
     worker: Worker[str] = Worker("test-worker", gate.run, first=lambda: retry.pop() if retry else None)
     with worker.cond:  # the worker takes nothing while the lock is held
-        worker.submit("b")
+        worker.enqueue("b")
     gate.release.set()
     assert worker.join(timeout=10)
     assert gate.done == ["r", "b"]
@@ -187,7 +187,7 @@ def waiting(name):
 
 kept = [waiting("one"), waiting("two"), Worker("test-quiet", slow)]  # the last is not waited for
 for worker, job in zip(kept, ("one", "two", "quiet")):
-    worker.submit(job)
+    worker.enqueue(job)
 if sys.argv[1] == "twice":
     wait_at_exit()
 print("END", flush=True)
@@ -216,7 +216,7 @@ def test_a_ctrl_c_another_thread_receives_interrupts_a_wait_at_once(ctrl_c_as_in
 
     gate = Gate()
     worker: Worker[str] = Worker("test-worker", gate.run)
-    worker.submit("a")
+    worker.enqueue("a")
     assert gate.running.wait(10)
     bystander = threading.Thread(target=time.sleep, args=(2,), name="bystander")
     bystander.start()

@@ -45,10 +45,10 @@ def test_submit_returns_at_once_and_a_newer_job_replaces_the_waiting_one(
     jobs = [stage(tmp_path, epoch) for epoch in (1, 2, 3)]
 
     started = time.monotonic()
-    uploader.submit(*jobs[0])
+    uploader.commit_later(*jobs[0])
     assert storage.fs.entered.wait(10)  # ckpt 1 is in flight, blocked in its upload
-    uploader.submit(*jobs[1])  # waits
-    uploader.submit(*jobs[2])  # replaces ckpt 2
+    uploader.commit_later(*jobs[1])  # waits
+    uploader.commit_later(*jobs[2])  # replaces ckpt 2
     assert time.monotonic() - started < 5  # nothing waited for the upload (the gate is closed)
     assert uploader.pending == ["ckpt-000001", "ckpt-000003"]
     assert uploader.replaced == ["ckpt-000002"]
@@ -79,8 +79,8 @@ def test_two_saves_before_the_upload_thread_runs_are_both_committed(run_url: str
     uploader = Uploader(storage, on_skipped=said.append)
     jobs = [stage(tmp_path, epoch) for epoch in (1, 2)]
     with uploader._worker.cond:  # the thread takes nothing while the lock is held: it has not run yet
-        uploader.submit(*jobs[0])
-        uploader.submit(*jobs[1])
+        uploader.commit_later(*jobs[0])
+        uploader.commit_later(*jobs[1])
         assert uploader.pending == ["ckpt-000001", "ckpt-000002"]
     assert uploader.wait(timeout=60)
     assert committed(storage) == ["ckpt-000001", "ckpt-000002"]
@@ -96,7 +96,7 @@ def test_errors_are_retried_then_warned_and_the_next_submit_tries_again(
     first = stage(tmp_path, 1)
 
     with pytest.warns(UserWarning, match="upload of ckpt-000001 failed.*Input/output error.*kept"):
-        uploader.submit(*first)
+        uploader.commit_later(*first)
         with pytest.raises(StorageError, match="Input/output error"):
             uploader.wait(timeout=30)
     assert len(storage.fs.puts) >= FAST_RETRY.attempts  # the storage layer retried with backoff
@@ -105,7 +105,7 @@ def test_errors_are_retried_then_warned_and_the_next_submit_tries_again(
     assert committed(storage) == []
 
     storage.fs.failures = 0  # the network is back: the next save uploads both
-    uploader.submit(*stage(tmp_path, 2))
+    uploader.commit_later(*stage(tmp_path, 2))
     assert uploader.wait(timeout=30)
     assert committed(storage) == ["ckpt-000001", "ckpt-000002"]
     assert uploader.pending == []
@@ -117,7 +117,7 @@ def test_wait_retries_the_last_failed_checkpoint(tmp_path: Path) -> None:
     storage.fs = GatedFS(storage.fs, failures=FAST_RETRY.attempts)  # fails exactly one commit
     uploader = Uploader(storage)
     with pytest.warns(UserWarning, match="ckpt-000001"):
-        uploader.submit(*stage(tmp_path, 1))
+        uploader.commit_later(*stage(tmp_path, 1))
         while uploader.in_progress("ckpt-000001"):
             time.sleep(0.01)
     assert uploader.wait(timeout=30)  # tries again, and this time it lands
@@ -130,10 +130,10 @@ def test_a_newer_commit_supersedes_an_older_failure(tmp_path: Path) -> None:
     uploader = Uploader(storage)
     first = stage(tmp_path, 1)
     with pytest.warns(UserWarning, match="ckpt-000001"):
-        uploader.submit(*first)
+        uploader.commit_later(*first)
         with pytest.raises(StorageError):
             uploader.wait(timeout=30)
-        uploader.submit(*stage(tmp_path, 2))  # retries ckpt 1 (fails again), then ckpt 2 lands
+        uploader.commit_later(*stage(tmp_path, 2))  # retries ckpt 1 (fails again), then ckpt 2 lands
         assert uploader.wait(timeout=30)
     assert committed(storage) == ["ckpt-000002"]
     assert uploader.pending == [] and not first[0].exists()
@@ -147,9 +147,9 @@ def test_on_commit_runs_after_each_commit_before_the_next_upload(tmp_path: Path)
         seen.append((info.name, committed(storage), threading.current_thread().name))
 
     uploader = Uploader(storage, on_commit=on_commit)
-    uploader.submit(*stage(tmp_path, 1))
+    uploader.commit_later(*stage(tmp_path, 1))
     uploader.wait()
-    uploader.submit(*stage(tmp_path, 2))
+    uploader.commit_later(*stage(tmp_path, 2))
     uploader.wait()
     assert seen == [
         ("ckpt-000001", ["ckpt-000001"], "resumable-uploader"),
@@ -193,7 +193,7 @@ storage.fs = SlowFS(storage.fs)
 staged = root / "staging" / "ckpt-000001"
 staged.mkdir(parents=True)
 (staged / "model.keras").write_bytes(b"x" * 1000)
-Uploader(storage).submit(staged, "ckpt-000001", Manifest(epoch=1, step=1))
+Uploader(storage).commit_later(staged, "ckpt-000001", Manifest(epoch=1, step=1))
 print("SUBMITTED", flush=True)
 """
 
@@ -241,7 +241,7 @@ def test_paused_holds_the_upload_in_flight_between_chunks(tmp_path: Path) -> Non
     uploader = Uploader(storage, commit=commit)
     folder, name, manifest = stage(tmp_path, 1, size=3 * CHUNK_SIZE)  # three chunks
     with uploader.paused():
-        uploader.submit(folder, name, manifest)
+        uploader.commit_later(folder, name, manifest)
         time.sleep(0.5)
         assert uploader.in_progress(name) and len(chunks) == 1  # held before its first chunk
         assert committed(storage) == []
@@ -286,10 +286,11 @@ def test_a_replaced_job_is_said_and_when_behind_wait_keeps_every_one(run_url: st
         said: list[str] = []
         uploader = Uploader(storage, when_behind=when_behind, on_skipped=said.append)
         jobs = [stage(tmp_path / when_behind, epoch) for epoch in (1, 2, 3, 4)]
-        uploader.submit(*jobs[0])
+        uploader.commit_later(*jobs[0])
         assert storage.fs.entered.wait(10)  # ckpt 1 in flight, held
-        uploader.submit(*jobs[1])  # waits in the slot
-        submitter = threading.Thread(target=lambda u=uploader, later=jobs[2:]: [u.submit(*j) for j in later])
+        uploader.commit_later(*jobs[1])  # waits in the slot
+        submitter = threading.Thread(target=lambda u=uploader, later=jobs[2:]: [
+            u.commit_later(*j) for j in later])
         submitter.start()
         submitter.join(1.0)
         if when_behind == "wait":

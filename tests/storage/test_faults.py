@@ -314,14 +314,14 @@ def test_background_uploads_keep_the_failed_job_and_the_next_save_retries(
     faults = Faults()
     storage = make_storage(faults)
     uploader = Uploader(storage)
-    uploader.submit(stage(tmp_path, 1), "ckpt-000001", Manifest(epoch=1))
+    uploader.commit_later(stage(tmp_path, 1), "ckpt-000001", Manifest(epoch=1))
     uploader.wait()
     before = snapshot(storage)
     faults.budget = 100  # the disk fills up
     staged = stage(tmp_path, 2)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        uploader.submit(staged, "ckpt-000002", Manifest(epoch=2))
+        uploader.commit_later(staged, "ckpt-000002", Manifest(epoch=2))
         with pytest.raises(NoSpaceError, match="no space left to commit this checkpoint"):
             uploader.wait()
     texts = [str(w.message) for w in caught]
@@ -330,7 +330,7 @@ def test_background_uploads_keep_the_failed_job_and_the_next_save_retries(
     assert staged.is_dir()  # the local copy is kept for the retry
     committed(before, snapshot(storage), ["ckpt-000001"])
     faults.heal()
-    uploader.submit(stage(tmp_path, 3), "ckpt-000003", Manifest(epoch=3))  # retries ckpt-000002 first
+    uploader.commit_later(stage(tmp_path, 3), "ckpt-000003", Manifest(epoch=3))  # retries ckpt-000002 first
     uploader.wait()
     assert [i.name for i in storage.list() if i.ok] == ["ckpt-000001", "ckpt-000002", "ckpt-000003"]
     uploader.close()

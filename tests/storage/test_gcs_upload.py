@@ -82,7 +82,7 @@ def test_the_hold_stops_a_big_upload_between_two_pieces(gcs_bucket: str, tmp_pat
 
     uploader = Uploader(storage, commit=lambda *job: storage.commit(*job, between_chunks=between_chunks))
     folder, name, manifest, payload = stage(tmp_path, 1)
-    uploader.submit(folder, name, manifest)
+    uploader.commit_later(folder, name, manifest)
     assert reached.wait(30)
     with uploader.paused():
         holding.set()

@@ -28,7 +28,7 @@ from paths import JOBS
 
 from resumable import RunStorage
 from resumable.core.errors import LeaseHeldError, LeaseLostError
-from resumable.storage import lease, this_machine
+from resumable.storage import lease, lease_info, this_machine
 from resumable.storage.lease import LEASE_NAME, Lease, LeaseInfo, read_lease
 
 JOB = JOBS / "lease_job.py"
@@ -345,8 +345,8 @@ def test_a_live_process_on_this_host_keeps_its_lease(tmp_path: Path) -> None:
 
 def skewed_clock(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
     """This process' wall clock, as the lease reads it, ``seconds`` ahead (behind if negative)."""
-    real = this_machine.now
-    monkeypatch.setattr(this_machine, "now", lambda: real() + dt.timedelta(seconds=seconds))
+    real = lease_info.wall_clock
+    monkeypatch.setattr(lease_info, "wall_clock", lambda: real() + dt.timedelta(seconds=seconds))
 
 
 @pytest.mark.parametrize("backend", ["local", "gcs"])

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from resumable.storage import this_machine
+from resumable.storage import lease_info, this_machine
 from resumable.storage.lease_info import LeaseInfo
 
 needs_proc = pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs /proc (Linux, as on Colab)")
@@ -24,12 +24,12 @@ def test_a_process_start_tells_a_live_process_from_a_gone_one() -> None:
 
 
 def test_now_is_utc_to_the_millisecond_as_lease_json_stores_it() -> None:
-    moment = this_machine.now()
+    moment = lease_info.wall_clock()
     assert moment.tzinfo == dt.timezone.utc and moment.microsecond % 1000 == 0
 
 
 def test_a_lease_judges_by_this_machine_s_host(monkeypatch: pytest.MonkeyPatch) -> None:
-    now = this_machine.now()
+    now = lease_info.wall_clock()
     ours = LeaseInfo(token="t", host=this_machine.HOST, pid=os.getpid(), started=now, renewed=now, timeout=40,
                      process_start=this_machine.own_process_start(), boot_id=this_machine.BOOT_ID)
     assert ours.mine() and ours.on_this_machine()

@@ -9,8 +9,8 @@ the run stopped early, set in four ways:
 3. `forget_run`: nothing restored (BackupAndRestore, before each fit of a callback it serves);
 4. `start_over`: a new model, no epoch done (`Run`, after an exception with nothing saved).
 
-A mixin of `CheckpointCallback`, whose parts (`restored_state`, `schedule`, `builder`,
-`manager`) it sets; it touches none of the callback's private fields.
+A mixin of `CheckpointCallback`, whose parts (`restored_state`: a `fit_position.RestoredState`,
+`schedule`, `builder`, `manager`) it sets; it touches none of the callback's private fields.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from resumable.keras.callback.checkpoint_builder import CheckpointBuilder
-    from resumable.keras.callback.restored_state import RestoredState
+    from resumable.keras.callback.fit_position import RestoredState
     from resumable.keras.callback.save_options import SaveOptions
     from resumable.keras.callback.save_schedule import SaveSchedule
     from resumable.manager import CheckpointInfo

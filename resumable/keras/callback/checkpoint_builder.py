@@ -41,6 +41,7 @@ from resumable.keras.multihost import parts
 from resumable.keras.replay.inputs import Feed
 from resumable.manager import NO_SPACE_ERRNOS
 from resumable.manager.run_manager import RunManager
+from resumable.manager.run_writer import RunWriter
 
 logger = logging.getLogger("resumable")
 
@@ -159,7 +160,8 @@ class CheckpointBuilder:
             payload=payload,
         )
         self.lines.save_started = started
-        self.manager.writer.submit(staging, name, manifest, files=files)
+        writer: RunWriter = self.manager.writer
+        writer.submit(staging, name, manifest, files=files)
         if self.options.async_upload:
             logger.info("resumable: staged %s in %.2f s; uploading in the background", name,
                         time.monotonic() - started)

@@ -16,8 +16,7 @@ from resumable.keras.callback.carried_run import CarriedRun
 from resumable.keras.callback.checkpoint_builder import CheckpointBuilder, Progress
 from resumable.keras.callback.commit_lines import CommitLines
 from resumable.keras.callback.fit_lease import FitLease, gives_lease_back_on_error
-from resumable.keras.callback.fit_position import FitPosition
-from resumable.keras.callback.restored_state import RestoredState
+from resumable.keras.callback.fit_position import FitPosition, RestoredState
 from resumable.keras.callback.save_options import DEFAULT_SHARD_GIB, OptionAttributes, check_options
 from resumable.keras.checkpoint import training_state
 from resumable.keras.multihost import split_job

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import random
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -170,9 +171,10 @@ def rng_state() -> dict[str, Any]:
     generator = compat.global_seed_generator()
     if generator is not None:
         state["keras"] = keras.ops.convert_to_numpy(generator.state).tolist()
-    torch = torch_backend.rng_state()
-    if torch is not None:
-        state[torch_backend.STATE_KEY] = torch
+    if "torch" in sys.modules:  # torch's state where torch is imported (`torch_backend`), else nothing to ask
+        torch = torch_backend.rng_state()
+        if torch is not None:
+            state[torch_backend.STATE_KEY] = torch
     return state
 
 

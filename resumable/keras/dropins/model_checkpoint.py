@@ -199,7 +199,8 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
         })
         said = self.verbose and compat.says_finished_saving()  # as this Keras' own ModelCheckpoint
         line = f"\nEpoch {epoch + 1}: finished saving model to {filepath}" if said else None
-        self.writer.submit(FileJob(local, target, details, on_landed=lambda _: self._landed(target, line)))
+        job = FileJob(local, target, details, on_landed=lambda _: self._landed(target, line))
+        self.writer.write_later(job)
         if not self.async_upload:
             self.print_lines()  # written inside the save: said where Keras says it
 
