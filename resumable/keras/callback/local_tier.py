@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Protocol
 
 import keras
@@ -31,7 +32,7 @@ from resumable.keras.callback.restored_state import RestoredState
 from resumable.keras.callback.save_options import SaveOptions
 from resumable.keras.callback.save_schedule import SaveSchedule
 from resumable.keras.checkpoint import training_state
-from resumable.manager import CheckpointInfo, tiers
+from resumable.manager import CheckpointInfo, promotion, tiers
 from resumable.manager.run_manager import RunManager
 
 logger = logging.getLogger("resumable")
@@ -69,6 +70,9 @@ class LocalTierSaver:
         self.schedule = SaveSchedule(tier.every_steps or "epoch", tier.every_seconds, options.monitor,
                                      options.mode)
         self.off = False  # a job of several processes, or a failure: the durable tier alone
+        # resume() took this local checkpoint (in this folder): uploaded to the durable tier once
+        # the next fit holds its lease (`promotion`)
+        self.to_promote: tuple[CheckpointInfo, Path] | None = None
 
     def open(self) -> RunManager:
         """The local run folder's manager (its run id recorded in the durable run folder now)."""
@@ -94,11 +98,22 @@ class LocalTierSaver:
             logger.info("%s", SPLIT_JOB_LINE)
             return
         try:
+            self._promote()
             self.open().writer.acquire()
         except Exception as e:  # noqa: BLE001 - the durable tier goes on alone
             self._give_up(e)
             return
         self.schedule.restart_clock()
+
+    def _promote(self) -> None:
+        """The local checkpoint resumed from, uploaded as the durable tier's next one (in the
+        background) while it is still newer than the durable tier's newest."""
+        found, self.to_promote = self.to_promote, None
+        if found is None:
+            return
+        info, folder = found
+        if tiers.newer(info, self.durable.newest_good()):
+            promotion.promote(self.durable.writer, folder, info)
 
     def epoch_begins(self, step: int) -> None:
         self.schedule.epoch_begins(step)

@@ -89,6 +89,7 @@ def from_local_tier(callback: CheckpointCallback, build_model: Callable[[], kera
             damaged += 1
             user_warnings.warn(printable(f"resumable: local tier: {e}"))
             continue
+        saver.to_promote = (info, path)  # the next fit uploads it to the durable tier
         return TierChoice(printable(f"resumable: resuming from the local tier: {tiers.where(info)} is newer "
                                     f"than {than}"), (info, path, model), durable)
     if newest is None:
