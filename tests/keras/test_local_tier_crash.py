@@ -161,7 +161,8 @@ def test_new_vm_resumes_from_the_durable_tier(where: str, tmp_path: Path, reques
     url, local, out = durable_url(where, tmp_path, request), tmp_path / "local", tmp_path / "final.npz"
     rng = random.Random(56)
     argv = tier_args(url, local, out, epochs=6)
-    kill_after(argv, tmp_path, rng.randint(14, 30))
+    last = kill_after(argv, tmp_path, rng.randint(14, 30))
+    lost = []
     for _ in range(3):
         assert any(local.iterdir()), "the local tier saved nothing"
         shutil.rmtree(local)  # a new VM: its disk is empty
@@ -169,8 +170,11 @@ def test_new_vm_resumes_from_the_durable_tier(where: str, tmp_path: Path, reques
         job = kill_after(argv, tmp_path, rng.randint(8, 20))
         assert resumed_step(job) == (durable[-1] if durable else 0), job.output
         assert "from the durable tier: no local tier" in tier_line(job), job.output
+        lost.append(max(steps(last.lines)) - resumed_step(job))
+        last = job
     shutil.rmtree(local)
     finish(argv, tmp_path)
+    print(f"{where}: a new VM: steps lost per kill {lost} (durable interval {STEPS_PER_EPOCH})")
     assert_equal_to_plain(out, plain(6))
 
 

@@ -142,9 +142,11 @@ class LocalTierSaver:
                             stopped_early=callback.stopped_early,
                             epochs_planned=(callback.params or {}).get("epochs"),
                             history=callback.history[: callback.epochs_done])
-        self.builder.save(callback.model, callback.strategy, step=step, batch=batch, logs=logs,
-                          progress=progress, callbacks=siblings, feed=callback.feed,
-                          epoch_rng=callback.position.epoch_rng)
+        # as a durable save does: the durable tier's upload in flight waits while the snapshot is taken
+        with self.durable.writer.uploader.paused():
+            self.builder.save(callback.model, callback.strategy, step=step, batch=batch, logs=logs,
+                              progress=progress, callbacks=siblings, feed=callback.feed,
+                              epoch_rng=callback.position.epoch_rng)
 
     def end(self) -> None:
         """The fit ended: land the local commits, give the local lease back (a failure: a warning)."""
