@@ -159,8 +159,7 @@ class Run:
             self.callback.callbacks = None
             self.callback.feed = None
             self.callback.manager.release()  # Keras skips on_train_end when an exception leaves fit
-            if self.callback.local_saves is not None:
-                self.callback.local_saves.end()
+            self.callback.local_saves.end()
         finish_uploads(self.callback, quiet=False)
         if stops.received is not None:  # the signal came after the last batch: act on it now
             raise SystemExit(128 + signal.SIGTERM) if stops.received == signal.SIGTERM else KeyboardInterrupt

@@ -178,10 +178,11 @@ def test_new_vm_resumes_from_the_durable_tier(where: str, tmp_path: Path, reques
     assert_equal_to_plain(out, plain(6))
 
 
-def local_checkpoint(local: Path) -> Path:
-    """The newest checkpoint folder of the one local run folder under ``local``."""
+def newest_local(local: Path) -> tuple[Path, int]:
+    """The newest committed checkpoint of the one local run folder under ``local``: its folder, its step."""
     (run,) = [p for p in local.iterdir() if p.is_dir() and not p.name.startswith(".")]
-    return max((p for p in run.iterdir() if p.is_dir()), key=lambda p: p.name)
+    good = [c for c in RunStorage(str(run)).list() if c.ok]
+    return (run / good[-1].name, int(good[-1].step or 0)) if good else (run, -1)
 
 
 @pytest.mark.parametrize("where", ["drive", "gcs"])
@@ -192,16 +193,18 @@ def test_a_damaged_foreign_or_older_local_tier_is_never_used(
 
     # damaged: the newest local checkpoint's weights flipped; its checksum fails, the durable one is used
     kill_after(argv, tmp_path, 17)
-    newest = local_checkpoint(local)
+    for _ in range(5):  # killed before a local checkpoint newer than the durable one was committed: again
+        if newest_local(local)[1] > max([0, *(c.step or 0 for c in RunStorage(url).list())]):
+            break
+        kill_after(argv, tmp_path, 5)
+    newest, damaged_step = newest_local(local)
     payload = newest / "model.keras"
     data = bytearray(payload.read_bytes())
     data[len(data) // 2] ^= 0xFF
     payload.write_bytes(bytes(data))
     durable = RunStorage(url).list()[-1]
     job = kill_after(argv, tmp_path, 17)
-    assert resumed_step(job) == durable.step, job.output
-    damaged_step = int(newest.name.rsplit("-", 1)[1])
-    assert damaged_step > (durable.step or 0), "the kill left no local checkpoint newer than the durable one"
+    assert resumed_step(job) == durable.step and damaged_step > (durable.step or 0), job.output
     line = tier_line(job)
     assert "from the durable tier: the local tier's newer checkpoints are damaged" in line, job.output
 

@@ -23,7 +23,7 @@ from resumable.keras.callback.save_options import DEFAULT_SHARD_GIB, OptionAttri
 from resumable.keras.checkpoint import training_state
 from resumable.keras.multihost import split_job
 from resumable.keras.replay.inputs import Feed
-from resumable.manager import DEFAULT_TIMEOUT, CheckpointInfo, RunStorage
+from resumable.manager import DEFAULT_TIMEOUT, RunStorage
 from resumable.manager.job_commit import DEFAULT_BARRIER_TIMEOUT
 from resumable.manager.tiers import LocalTier
 
@@ -116,10 +116,9 @@ class CheckpointCallback(CarriedRun, OptionAttributes, keras.callbacks.Callback)
         barrier_timeout: Seconds (or a ``datetime.timedelta``) a process of a job whose model is
             split across hosts (``ModelParallel``) waits for the others at a save or a resume,
             before `BarrierTimeoutError` names those it waited for. Unused otherwise. Defaults to 600.
-        local_tier: A fast local tier on this machine's own disk beside the run folder, saved
-            often, its newest checkpoint kept: a crashed kernel costs seconds, a lost VM falls
-            back to the run folder. True for `resumable.LocalTier`'s defaults (every 60 s, in
-            ``/content/resumable-local`` on Colab), a `resumable.LocalTier`, or False. Defaults to False.
+        local_tier: A fast tier on this machine's own disk, saved often (True: every 60 s), its
+            newest kept: `resume()` takes it when newer than the run folder's. True, a
+            `resumable.LocalTier`, or False. Defaults to False.
     """
 
     # BackupAndRestore's semantics, as Keras': a fit with nothing restored starts at fit's own
@@ -174,9 +173,7 @@ class CheckpointCallback(CarriedRun, OptionAttributes, keras.callbacks.Callback)
         self.schedule = options.save_schedule()
         self.builder = CheckpointBuilder(options, self.manager, self.lines)
         self.fit_lease = FitLease(options, self.manager, self.lines)
-        # #55: the fast local tier, saved between the durable saves
-        tier = options.local_tier
-        self.local_saves = LocalTierSaver(tier, options, self.manager) if tier is not None else None
+        self.local_saves = LocalTierSaver(options, self.manager)  # #55: saved between the durable saves
         self.history: list[dict[str, float]] = []  # per-epoch logs of every epoch of the run
         self.epochs_done = 0
         self.stopped_early = False
@@ -199,16 +196,6 @@ class CheckpointCallback(CarriedRun, OptionAttributes, keras.callbacks.Callback)
         """The run folder."""
         return self.manager.storage
 
-    @property
-    def restored(self) -> CheckpointInfo | None:
-        """The checkpoint this run was restored from, or None."""
-        return self.restored_state.checkpoint
-
-    @property
-    def resume_batch(self) -> int:
-        """The batch the restored checkpoint was taken at, in its epoch (0: an epoch end)."""
-        return self.restored_state.batch
-
     # ------------------------------------------------------------------ Keras hooks
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
@@ -223,8 +210,7 @@ class CheckpointCallback(CarriedRun, OptionAttributes, keras.callbacks.Callback)
             self.restored_state.say_if_plain_fit_cannot_replay(compat.running_fit_input(self))
         restored = self.restored.name if self.restored is not None else None
         self.epochs_done = self.fit_lease.begin(self.model, self.strategy, restored, self.epochs_done)
-        if self.local_saves is not None:  # after the durable lease: that one keeps two writers apart
-            self.local_saves.begin(self.model, self.strategy)
+        self.local_saves.begin(self.model, self.strategy)  # after the durable lease: it keeps writers apart
 
     @gives_lease_back_on_error
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
@@ -237,8 +223,7 @@ class CheckpointCallback(CarriedRun, OptionAttributes, keras.callbacks.Callback)
             self._start(epoch)
         step = self.position.epoch_begins(self.model, self.restored_state)
         self.schedule.epoch_begins(step)
-        if self.local_saves is not None:
-            self.local_saves.epoch_begins(step)
+        self.local_saves.epoch_begins(step)
         if self.feed is not None:  # Run.fit's inputs draw their epoch's order from the states just set
             self.feed.rng_ready()
 
@@ -258,9 +243,8 @@ class CheckpointCallback(CarriedRun, OptionAttributes, keras.callbacks.Callback)
             due = split_job.chief_decides(due)  # #36: every process saves at the same step
         if due:
             self.save_checkpoint(self.position.batch, training_state.logs_to_floats(logs))
-        if self.local_saves is not None:
-            self.local_saves.save_if_due(self, self._siblings, step, self.position.batch, logs,
-                                         durable_saved=self.builder.last_saved_step == step)
+        self.local_saves.save_if_due(self, self._siblings, step, self.position.batch, logs,
+                                     durable_saved=self.builder.last_saved_step == step)
 
     @gives_lease_back_on_error
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
@@ -290,8 +274,7 @@ class CheckpointCallback(CarriedRun, OptionAttributes, keras.callbacks.Callback)
         finally:
             self.lines.print_lines(fit_ended=True)
             self.manager.release()
-            if self.local_saves is not None:
-                self.local_saves.end()
+            self.local_saves.end()
 
     def wait_for_uploads(self, timeout: float | None = None) -> bool:
         """Block until the checkpoints saved so far are committed (or ``timeout`` seconds pass).
@@ -335,11 +318,8 @@ class CheckpointCallback(CarriedRun, OptionAttributes, keras.callbacks.Callback)
             return
         if batch:
             self.restored_state.add_metrics(self.model)  # the epoch's metric totals go into the checkpoint
-        progress = Progress(epochs_done=self.epochs_done, best=self.best, stopped_early=self.stopped_early,
-                            epochs_planned=(self.params or {}).get("epochs"),
-                            history=self.history[: self.epochs_done])
         inputs = self.builder.save(self.model, self.strategy, step=step, batch=batch, logs=logs,
-                                   progress=progress, callbacks=self._siblings, feed=self.feed,
+                                   progress=Progress.of(self), callbacks=self._siblings, feed=self.feed,
                                    epoch_rng=self.position.epoch_rng)
         if inputs is not None:  # where the inputs stand at the newest checkpoint, for a later run.fit
             self.restored_state.inputs = inputs

@@ -59,17 +59,20 @@ class _Fit(Protocol):
 
 
 class LocalTierSaver:
-    """The local tier of one callback's run (``tier``), next to its durable ``durable`` manager."""
+    """The local tier of one callback's run (``options.local_tier``; None: none, every hook does
+    nothing), next to its durable ``durable`` manager."""
 
-    def __init__(self, tier: tiers.LocalTier, options: SaveOptions, durable: RunManager) -> None:
-        self.tier = tier
+    def __init__(self, options: SaveOptions, durable: RunManager) -> None:
+        self.tier = options.local_tier
         self.options = options
         self.durable = durable
         self.manager: RunManager | None = None  # built at the first fit, once the run id is known
         self.builder: CheckpointBuilder | None = None
+        tier = self.tier or tiers.LocalTier()
         self.schedule = SaveSchedule(tier.every_steps or "epoch", tier.every_seconds, options.monitor,
                                      options.mode)
-        self.off = False  # a job of several processes, or a failure: the durable tier alone
+        # none asked for, a job of several processes, or a failure: the durable tier alone
+        self.off = self.tier is None
         # resume() took this local checkpoint (in this folder): uploaded to the durable tier once
         # the next fit holds its lease (`promotion`)
         self.to_promote: tuple[CheckpointInfo, Path] | None = None
@@ -77,6 +80,7 @@ class LocalTierSaver:
     def open(self) -> RunManager:
         """The local run folder's manager (its run id recorded in the durable run folder now)."""
         if self.manager is None:
+            assert self.tier is not None
             run_id = tiers.record_run_id(self.durable.storage)
             manager = tiers.local_manager(self.tier, run_id, filename=self.options.filename,
                                           lease_timeout=self.options.lease_timeout)
@@ -116,13 +120,16 @@ class LocalTierSaver:
             promotion.promote(self.durable.writer, folder, info)
 
     def epoch_begins(self, step: int) -> None:
-        self.schedule.epoch_begins(step)
+        if not self.off:
+            self.schedule.epoch_begins(step)
 
     def save_if_due(self, callback: _Fit, siblings: Sequence[keras.callbacks.Callback], step: int, batch: int,
                     logs: dict[str, Any] | None, *, durable_saved: bool) -> None:
         """At a batch end (``batch`` batches into the epoch, at optimizer ``step``): save the local
         tier when its schedule says so, unless the durable tier saved this very step. ``siblings``:
         the fit's callbacks, whose state goes into the checkpoint."""
+        if self.off:
+            return
         due = self.schedule.due_at_batch(step)
         if not due or durable_saved or self.off or self.builder is None or self.manager is None:
             return
@@ -138,14 +145,10 @@ class LocalTierSaver:
               logs: dict[str, float]) -> None:
         assert self.builder is not None
         callback.restored_state.add_metrics(callback.model)  # the epoch's metric totals go into it
-        progress = Progress(epochs_done=callback.epochs_done, best=callback.best,
-                            stopped_early=callback.stopped_early,
-                            epochs_planned=(callback.params or {}).get("epochs"),
-                            history=callback.history[: callback.epochs_done])
         # as a durable save does: the durable tier's upload in flight waits while the snapshot is taken
         with self.durable.writer.uploader.paused():
             self.builder.save(callback.model, callback.strategy, step=step, batch=batch, logs=logs,
-                              progress=progress, callbacks=siblings, feed=callback.feed,
+                              progress=Progress.of(callback), callbacks=siblings, feed=callback.feed,
                               epoch_rng=callback.position.epoch_rng)
 
     def end(self) -> None:
@@ -155,7 +158,7 @@ class LocalTierSaver:
 
     def _give_up(self, error: BaseException) -> None:
         self.off = True
-        where = self.manager.storage.url if self.manager is not None else str(self.tier.root)
+        where = self.manager.storage.url if self.manager is not None else str(self.tier and self.tier.root)
         user_warnings.warn(printable(f"resumable: the local tier in {where} is off for this session "
                                      f"({error}); checkpoints go to the durable run folder alone"))
         if self.manager is not None:

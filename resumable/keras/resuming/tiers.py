@@ -44,7 +44,7 @@ def from_local_tier(callback: CheckpointCallback, build_model: Callable[[], kera
                     strategy: Any, distribution: Any, reads: files_to_model.ReadOnce) -> TierChoice:
     """The local tier's checkpoint to resume from, loaded, if it qualifies (see the module docstring)."""
     saver = callback.local_saves
-    if saver is None:
+    if saver.tier is None:
         return TierChoice(None)
     if topology.process_count() > 1 or topology.topology(None, strategy)[0] > 1:
         saver.off = True
@@ -62,10 +62,11 @@ def from_local_tier(callback: CheckpointCallback, build_model: Callable[[], kera
         return TierChoice(None)  # a new run: its line says so
     if run_id is None:
         return durable_because(f"{durable_manager.storage.url} records no run id, so no local tier is its")
-    folder = saver.tier.run_folder(run_id)
+    tier = saver.tier
+    folder = tier.run_folder(run_id)
     if not folder.is_dir():
         return durable_because(f"no local tier at {folder} (a new machine, or none saved yet)")
-    manager = tiers.local_manager(saver.tier, run_id, filename=callback.options.filename,
+    manager = tiers.local_manager(tier, run_id, filename=callback.options.filename,
                                   lease_timeout=callback.options.lease_timeout)
     recorded = tiers.read_run_id(manager.storage)
     if recorded != run_id:
