@@ -316,7 +316,8 @@ def resume(
         **callback_args: Any `CheckpointCallback` argument (``monitor``, ``keep_last``, ...),
             for `Run.callback`. ``takeover=True`` lets `Run.fit` take the run over from another
             process holding the run folder's writer lease; without it, `resume` warns when one
-            does (its loading needs no lease).
+            does (its loading needs no lease). With ``local_tier``, the local tier's newest
+            checkpoint is taken when it is this run's, newer and good; one line says which tier.
 
     Returns:
         A `Run`.
