@@ -131,7 +131,7 @@ class LocalTierSaver:
         if self.off:
             return
         due = self.schedule.due_at_batch(step)
-        if not due or durable_saved or self.off or self.builder is None or self.manager is None:
+        if not due or durable_saved or self.builder is None or self.manager is None:
             return
         if step == self.builder.last_saved_step or not self.manager.writer.lease.held:
             return
