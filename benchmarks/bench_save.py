@@ -13,6 +13,9 @@ weights, on TensorFlow and on JAX (one process per backend):
 - ``resumable-budget-F``: ``resumable`` with ``snapshot_memory`` F x the checkpoint (its variables'
   bytes, + 1 MiB for the training state), F = 0, 0.25, 1 (#54): what a save over its memory
   budget costs, written while training waits, one variable at a time
+- ``resumable-tier``, ``resumable-gcs-tier``: ``resumable`` and ``resumable-gcs`` with a local tier
+  (#55) in a local folder, saved every ``--steps // 2`` steps: one more save per epoch, mid-epoch
+  (the epoch end is the durable tier's)
 
 Every one saves at every epoch end and keeps the last two (ModelCheckpoint overwrites one file).
 The model is functional because on a ``Sequential`` model Keras 3.15's Orbax load path silently
@@ -92,7 +95,10 @@ CONFIGS = {
     "resumable-budget-0.25": "resumable, local, memory budget 0.25x",
     "resumable-budget-1": "resumable, local, memory budget 1x",
     "floor": "floor: the bytes written once, in a thread",
+    "resumable-tier": "resumable, local, + local tier",
+    "resumable-gcs-tier": "resumable, gs://, + local tier",
 }
+TIER = "-tier"  # + a local tier (#55), saved mid-epoch
 ORBAX = ("orbax", "orbax-gcs")
 KEEP = 2  # checkpoints kept: Orbax's max_to_keep, resumable's keep_last
 BUDGET = "resumable-budget-"  # + the budget, x the checkpoint's variables' bytes
@@ -114,6 +120,7 @@ RESUMES = {
 BLOCKED_TARGET = 0.1  # blocked per save, x ModelCheckpoint's local .keras save
 RSS_TARGET, RSS_CONSTANT_MB = 1.2, 64  # peak RSS over baseline <= 1.2x the checkpoint + 64 MB
 EPOCH_TARGET = 1.05  # epoch time saving every epoch to a local folder, x training without checkpoints
+TIER_TARGET = 1.05  # #55: epoch time with the local tier on, x off
 RESUME_LOCAL_TARGET = 1.1  # resume(), x a bare load_model of the same file
 RESUME_GCS_TARGET = 1.0  # resume() from gs://, x a bare gcsfs get_file + load_model
 
@@ -252,7 +259,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         rounds = [bench.round(number, rotated(configs, number)) for number in range(args.rounds)]
     rss.stop()
     return {"backend": args.backend, "versions": versions(args.backend, orbax=bool(orbax)),
-            "params": bench.params, "configs": configs, "skipped": skipped, "rounds": rounds}
+            "params": bench.params, "configs": configs, "skipped": skipped, "rounds": rounds,
+            "steps": args.steps}
 
 
 def rotated(items: list[str], number: int) -> list[str]:
@@ -328,7 +336,7 @@ class Bench:
     # -- folders and callbacks
 
     def folder(self, config: str, number: int) -> str:
-        if config.endswith("-gcs"):
+        if config.endswith("-gcs") or config.endswith("-gcs" + TIER):
             return f"gs://{self.bucket}/round{number}/{config}"
         return f"{self.tmp}/round{number}/{config}"
 
@@ -346,9 +354,12 @@ class Bench:
         if config.startswith("resumable"):
             budget = (int(float(config.removeprefix(BUDGET)) * self.checkpoint_bytes) + STATE_ROOM
                       if config.startswith(BUDGET) else "auto")
+            tier = resumable.LocalTier(
+                folder=f"{self.tmp}/round{number}/local-{config}", every_seconds=None,
+                every_steps=max(1, self.args.steps // 2)) if config.endswith(TIER) else False
             return resumable.CheckpointCallback(folder, monitor="loss", keep_last=KEEP,
                                                 staging_dir=f"{self.tmp}/round{number}/stage-{config}",
-                                                snapshot_memory=budget)
+                                                snapshot_memory=budget, local_tier=tier)
         if config == "floor":
             return floor_writer(folder)
         return None
@@ -783,6 +794,12 @@ def target_lines(result: dict[str, Any]) -> list[str]:
         if found:
             lines.append(f"- {name}: resumable to gs:// / {CONFIGS['orbax-gcs']}: {spread(found, times)} "
                          f"(target <= 1x: {verdict(found, 1.0)})")
+    for config in ("resumable", "resumable-gcs"):  # #55: the local tier's cost
+        found = ratios(result, config + TIER, "epoch_s", config)
+        if found:
+            lines.append(f"- epoch time, {CONFIGS[config]}: local tier on / off (a local save every "
+                         f"{max(1, result.get('steps', 2) // 2)} steps): {spread(found, times)} "
+                         f"(target <= {TIER_TARGET}x: {verdict(found, TIER_TARGET)})")
     for what, base, target in (("resume+build", "load_model", RESUME_LOCAL_TARGET),
                                ("resume", "load_model", RESUME_LOCAL_TARGET),
                                ("resume-gcs+build", "gcsfs+load", RESUME_GCS_TARGET),

@@ -42,12 +42,14 @@ if TYPE_CHECKING:
     from resumable.keras.dropins.newest_model import load_newest_model
     from resumable.keras.dropins.save_and_load import load_model, load_weights, save_model, verify_file
     from resumable.keras.run import Run, resume
+    from resumable.manager.tiers import LocalTier
 
 # `resume` lives in resumable.keras.run: a submodule named resumable.resume would replace the function
 # `resumable.resume` with the module as soon as anything imported it.
 _LAZY = {
     "BackupAndRestore": "resumable.keras.dropins.backup_and_restore",
     "CheckpointCallback": "resumable.keras.callback.checkpoint_callback",
+    "LocalTier": "resumable.manager.tiers",
     "ModelCheckpoint": "resumable.keras.dropins.model_checkpoint",
     "load_model": "resumable.keras.dropins.save_and_load",
     "load_newest_model": "resumable.keras.dropins.newest_model",
@@ -79,6 +81,7 @@ __all__ = [
     "DriveNotMountedError",
     "LeaseHeldError",
     "LeaseLostError",
+    "LocalTier",
     "Manifest",
     "ModelCheckpoint",
     "NoSpaceError",

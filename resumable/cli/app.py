@@ -101,14 +101,16 @@ def _error(message: str) -> None:
 
 def _list(args: argparse.Namespace) -> int:
     try:
-        return run_list(args.url, monitor=args.monitor, mode=args.mode, deep=args.deep, as_json=args.json)
+        return run_list(args.url, monitor=args.monitor, mode=args.mode, deep=args.deep, as_json=args.json,
+                        local_tier=args.local_tier)
     except FilesFolder as e:  # resumable.ModelCheckpoint's files, not a run
         return model_files.list_files(e.folder, monitor=args.monitor, mode=args.mode, as_json=args.json)
 
 
 def _inspect(args: argparse.Namespace) -> int:
     try:
-        return run_inspect(args.url, epoch=args.epoch, name=args.name, as_json=args.json)
+        return run_inspect(args.url, epoch=args.epoch, name=args.name, as_json=args.json,
+                           local_tier=args.local_tier)
     except FilesFolder as e:
         return model_files.inspect_file(e.folder, epoch=args.epoch, name=args.name, as_json=args.json)
 
@@ -171,12 +173,14 @@ def _list_arguments(list_: argparse.ArgumentParser) -> None:
     list_.add_argument("--deep", action="store_true",
                        help="check every file's size (and CRC32C on GCS) against its manifest: one "
                        "recursive listing instead of the run index")
+    _add_local_tier(list_)
     _add_json(list_)
 
 
 def _inspect_arguments(inspect: argparse.ArgumentParser) -> None:
     _add_url(inspect)
     _add_selection(inspect)
+    _add_local_tier(inspect)
     _add_json(inspect)
 
 
@@ -236,6 +240,12 @@ def _command(
 
 def _add_url(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("url", metavar="URL", help="run folder: a path, /content/drive/..., gs://bucket/prefix")
+
+
+def _add_local_tier(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--local-tier", metavar="FOLDER",
+                        help="where the run's local tier lives (LocalTier(folder=...)); default: "
+                        "/content/resumable-local on Colab, <tempdir>/resumable-local elsewhere")
 
 
 def _add_json(parser: argparse.ArgumentParser) -> None:

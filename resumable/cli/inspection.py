@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from resumable.cli import adoptable
+from resumable.cli import adoptable, tiers
 from resumable.cli.common import EXIT_OK, load_run, select_checkpoint
 from resumable.cli.output import fmt_float, info_json, out, out_json, out_lines, out_section, plural
 from resumable.core.display import format_table, human_size, utc_time
@@ -15,15 +15,24 @@ from resumable.storage import CheckpointInfo
 STATE_WIDTH = 100  # a state value longer than this, as JSON, is cut short
 
 
-def run_inspect(url: str, *, epoch: int | None = None, name: str | None = None, as_json: bool = False) -> int:
-    """Print one checkpoint (by ``name``, else of ``epoch``, else the latest good); return the exit code."""
+def run_inspect(url: str, *, epoch: int | None = None, name: str | None = None, as_json: bool = False,
+                local_tier: str | None = None) -> int:
+    """Print one checkpoint (by ``name``, else of ``epoch``, else the latest good); return the exit code.
+
+    A ``name`` the run folder lacks is looked for in the run's local tier (#55: under ``local_tier``,
+    else the default place)."""
     storage, infos = load_run(url)
+    tier = tiers.DURABLE
+    if name is not None and all(i.name != name for i in infos):
+        local, local_infos = tiers.local_checkpoints(storage, local_tier, check_files=True)
+        if local is not None and any(i.name == name for i in local_infos):
+            storage, infos, tier = local, local_infos, tiers.LOCAL
     info = select_checkpoint(storage, infos, epoch, name)
     if as_json:
-        out_json({**info_json(info), "manifest": _manifest_json(info)})
+        out_json({**info_json(info), "tier": tier, "manifest": _manifest_json(info)})
         return EXIT_OK
     fields: list[tuple[str, str]] = [
-        ("checkpoint", info.name), ("url", info.url), ("status", _status_text(info)),
+        ("checkpoint", info.name), ("tier", tier), ("url", info.url), ("status", _status_text(info)),
     ]
     manifest = info.manifest
     if manifest is not None:

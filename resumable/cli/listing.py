@@ -7,7 +7,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from resumable.cli import adoptable
+from resumable.cli import adoptable, tiers
 from resumable.cli.common import EXIT_OK, Ranking, choose_ranking, latest_good, load_run, metric_names
 from resumable.cli.output import info_json, json_float, out, out_json, out_lines, plural, problem_lines
 from resumable.core.display import format_columns, human_size, printable, utc_times
@@ -17,7 +17,7 @@ from resumable.storage import CheckpointInfo, RunStorage, Status
 
 def run_list(
     url: str, *, monitor: str | None = None, mode: str | None = None, deep: bool = False,
-    as_json: bool = False,
+    as_json: bool = False, local_tier: str | None = None,
 ) -> int:
     """Print the run's checkpoints as a table (or JSON); return the exit code.
 
@@ -27,6 +27,7 @@ def run_list(
         mode: ``"auto"``, ``"min"`` or ``"max"``; None: as recorded, else auto.
         deep: Check every file against its manifest instead of reading the run index.
         as_json: Print JSON for scripts instead of a table.
+        local_tier: Where the run's local tier (#55) lives; None: the default place.
     """
     storage, infos = load_run(url, check_files=deep)
     infos = confirm_latest(storage, infos)
@@ -34,14 +35,19 @@ def run_list(
     ranking = choose_ranking(infos, monitor, mode, recorded)
     latest = latest_good(infos)
     best = ranking.best(infos)
+    local, local_infos = tiers.local_checkpoints(storage, local_tier, check_files=deep)
     if as_json:
         out_json({
             "url": storage.url,
-            "checkpoints": [info_json(i) for i in infos],
+            "checkpoints": [{**info_json(i), "tier": tiers.DURABLE} for i in infos]
+            + [{**info_json(i), "tier": tiers.LOCAL} for i in local_infos],
             "latest": latest.name if latest else None,
             "best": _best_json(ranking, best),
+            "local_tier": local.url if local is not None else None,
         })
         return EXIT_OK
+    durable_count = len(infos)
+    infos = infos + local_infos  # the durable tier's, then the local tier's (latest and best: durable)
     if not infos:
         out(f"no checkpoints in {storage.url}")
         return EXIT_OK
@@ -54,9 +60,13 @@ def run_list(
     epochs = [i.epoch for i in infos]
     steps = [i.step for i in infos]
     logged = [i.metrics for i in infos]
-    columns = [["NAME", *map(printable, [i.name for i in infos])],  # names and metrics come from the run
-               ["EPOCH", *["-" if e is None else str(e) for e in epochs]],
-               ["STEP", *["-" if s is None else str(s) for s in steps]]]
+    columns = [["NAME", *map(printable, [i.name for i in infos])]]  # names and metrics come from the run
+    if local_infos:
+        columns += [["TIER", *[tiers.DURABLE] * durable_count, *[tiers.LOCAL] * len(local_infos)]]
+    epoch_column = len(columns)
+    columns += [
+        ["EPOCH", *["-" if e is None else str(e) for e in epochs]],
+        ["STEP", *["-" if s is None else str(s) for s in steps]]]
     columns += [[printable(name), *_metric_cells(logged, name)] for name in metrics]
     sizes = [i.size for i in infos]
     shown = {size: human_size(size) for size in set(sizes)}  # checkpoints of one model: few sizes
@@ -64,12 +74,17 @@ def run_list(
                 ["CREATED", *utc_times([i.created_iso for i in infos])],
                 ["STATUS", *map(adoptable.status_text, infos)],
                 ["NOTE", *[notes.get(id(i), "") for i in infos]]]
-    out_lines(format_columns(columns, right={1, 2, *range(3, 4 + len(metrics))}))  # numbers and size
+    # numbers and size: EPOCH, STEP, the metrics, SIZE
+    right = {epoch_column, epoch_column + 1, *range(epoch_column + 2, epoch_column + 3 + len(metrics))}
+    out_lines(format_columns(columns, right=right))
     out("")
     out_lines(problem_lines(infos))
-    out(_summary(infos))
-    out(f"latest good: {_describe(latest)}" if latest else _none_good(infos))
+    durable = infos[:durable_count]
+    out(_summary(durable))
+    out(f"latest good: {_describe(latest)}" if latest else _none_good(durable))
     out(ranking.describe(best))
+    if local is not None:
+        out(tiers.newer_line(local, local_infos, latest))
     if any(not i.ok for i in infos if not adoptable.is_orbax_step(i)):
         out(f"`resumable prune {storage.url}` removes unfinished or corrupt ones older than the latest good")
     if not all(i.checked for i in infos):

@@ -27,6 +27,7 @@ from resumable.keras.replay.positioning import rest_of_epoch
 from resumable.keras.resuming.continuity import csv_logs_continued, final_weights
 from resumable.keras.resuming.newest_checkpoint import load_newest
 from resumable.keras.resuming.restore import restore_checkpoint
+from resumable.keras.resuming.tiers import from_local_tier
 from resumable.manager import CheckpointInfo
 
 logger = logging.getLogger("resumable")
@@ -158,6 +159,7 @@ class Run:
             self.callback.callbacks = None
             self.callback.feed = None
             self.callback.manager.release()  # Keras skips on_train_end when an exception leaves fit
+            self.callback.local_saves.end()
         finish_uploads(self.callback, quiet=False)
         if stops.received is not None:  # the signal came after the last batch: act on it now
             raise SystemExit(128 + signal.SIGTERM) if stops.received == signal.SIGTERM else KeyboardInterrupt
@@ -314,7 +316,8 @@ def resume(
         **callback_args: Any `CheckpointCallback` argument (``monitor``, ``keep_last``, ...),
             for `Run.callback`. ``takeover=True`` lets `Run.fit` take the run over from another
             process holding the run folder's writer lease; without it, `resume` warns when one
-            does (its loading needs no lease).
+            does (its loading needs no lease). With ``local_tier``, the local tier's newest
+            checkpoint is taken when it is this run's, newer and good; one line says which tier.
 
     Returns:
         A `Run`.
@@ -330,10 +333,16 @@ def resume(
     # Before a download that fit would waste; only the process that will write says it.
     lease = callback.fit_lease.lease_note() if topology.is_chief(None, strategy) else None
     reads = files_to_model.ReadOnce()
-    loaded = load_newest(manager, build_model, strategy, distribution, callback.barrier_timeout, reads)
+    tier = from_local_tier(callback, build_model, strategy, distribution, reads)  # #55: a newer local one
+    if tier.line:
+        _say_once(tier.line)
+    loaded = tier.found or load_newest(manager, build_model, strategy, distribution, callback.barrier_timeout,
+                                       reads)
     if loaded is not None:
         info, local, model = loaded
         restore_checkpoint(callback, info, local, reads)
+        if tier.found is not None:  # the durable tier's newest is what its next commit follows
+            manager.resumed_from(tier.durable, manager.damaged)
         _say_once(_resumed_line(callback, info, lease))
         return Run(model, callback, info, strategy, distribution, build_model)
     if manager.damaged:

@@ -11,6 +11,7 @@ final weights to ``--out``. Prints one marker per line on stdout, flushed:
     LOG resumable: saving <name>       a save starts (from the "resumable" logger)
     LOG resumable: saved <name>        a save is committed
     DONE epochs=<n>                    training finished
+    STEP <n>                           after each batch, with --print-steps: the optimizer step reached
 
 Tests fork it from the job server (tests/forked.py): restarts cost ~1 s instead of the 5-7 s
 TensorFlow takes to import. Each job is still a separate process that SIGKILL ends.
@@ -51,6 +52,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
                         help="resumable's warnings on stderr too, as a user sees them")
     parser.add_argument("--when-behind", choices=["skip", "wait"], default="skip")
     parser.add_argument("--lease-timeout", type=float, default=40.0, help="seconds, as in the callback")
+    parser.add_argument("--local-tier", help="CheckpointCallback(local_tier=LocalTier(folder=...)) (#55)")
+    parser.add_argument("--local-every-steps", type=int, help="LocalTier(every_steps=...)")
+    parser.add_argument("--local-every-seconds", type=float, help="LocalTier(every_seconds=...)")
+    parser.add_argument("--print-steps", action="store_true", help="print STEP <n> after each batch")
     parser.add_argument("--plain", action="store_true",
                         help="the user's own baseline: plain model.fit, no resumable (RUN_URL unused)")
     return parser.parse_args(argv)
@@ -111,6 +116,27 @@ def sleep_callback(seconds: float) -> Any:
     return Sleep()
 
 
+def step_printer() -> Any:
+    """A callback printing the optimizer step each batch ends at: a killed job's last one is the
+    training lost past the checkpoint it resumes from."""
+    import keras
+
+    class Steps(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            print(f"STEP {int(self.model.optimizer.iterations)}", flush=True)
+
+    return Steps()
+
+
+def local_tier(args: argparse.Namespace) -> Any:
+    import resumable
+
+    if not args.local_tier:
+        return False
+    return resumable.LocalTier(folder=args.local_tier, every_steps=args.local_every_steps,
+                               every_seconds=args.local_every_seconds)
+
+
 def save_weights(model: Any, path: str) -> None:
     import numpy as np
 
@@ -161,7 +187,7 @@ def main(argv: list[str]) -> int:
         args.url, build_model=lambda: build_model(args.seed), strategy=strategy, monitor="val_loss",
         keep_last=args.keep_last, keep_best=1, save_freq=save_freq, save_weights_only=args.weights_only,
         save_interval=args.save_interval, max_shard_size=args.max_shard_size,
-        lease_timeout=args.lease_timeout, when_behind=args.when_behind,
+        lease_timeout=args.lease_timeout, when_behind=args.when_behind, local_tier=local_tier(args),
     )
     if strategy is not None:
         print(f"REPLICAS {strategy.num_replicas_in_sync}", flush=True)
@@ -174,6 +200,8 @@ def main(argv: list[str]) -> int:
     x, y, x_val, y_val = data(args.seed)
     keras.utils.set_random_seed(args.seed + 1)  # anything random during fit draws from here
     callbacks = [sleep_callback(args.batch_sleep)] if args.batch_sleep else []
+    if args.print_steps:
+        callbacks.append(step_printer())
     if args.data == "tfdata":
         import tensorflow as tf
 

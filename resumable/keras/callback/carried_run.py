@@ -1,7 +1,7 @@
 """`CarriedRun`: what a `CheckpointCallback` carries of its run from one fit to the next.
 
-The epochs done, the history of each epoch's logs, the best value of ``monitor`` and whether
-the run stopped early, set in four ways:
+The epochs done, the history of each epoch's logs, the best value of ``monitor``, whether
+the run stopped early (and the checkpoint restored, and its batch), set in four ways:
 
 1. `restore`: from a checkpoint `resume()` (or BackupAndRestore) restored, the reader told
    which checkpoint it was and which newer ones were found damaged (a commit may replace them);
@@ -37,6 +37,16 @@ class CarriedRun:
     epochs_done: int
     history: list[dict[str, float]]
     stopped_early: bool
+
+    @property
+    def restored(self) -> CheckpointInfo | None:
+        """The checkpoint this run was restored from, or None."""
+        return self.restored_state.checkpoint
+
+    @property
+    def resume_batch(self) -> int:
+        """The batch the restored checkpoint was taken at, in its epoch (0: an epoch end)."""
+        return self.restored_state.batch
 
     @property
     def best(self) -> float | None:

@@ -56,6 +56,12 @@ class Progress:
     epochs_planned: int | None
     history: list[dict[str, float]]  # the epochs done's logs
 
+    @classmethod
+    def of(cls, run: Any) -> Progress:
+        """Where the fit of ``run`` (a `CheckpointCallback`) stands now."""
+        return cls(epochs_done=run.epochs_done, best=run.best, stopped_early=run.stopped_early,
+                   epochs_planned=(run.params or {}).get("epochs"), history=run.history[: run.epochs_done])
+
 
 class CheckpointBuilder:
     """Builds and submits the checkpoints of one callback (``options``) through ``manager``."""

@@ -16,13 +16,15 @@ from resumable.keras.callback.carried_run import CarriedRun
 from resumable.keras.callback.checkpoint_builder import CheckpointBuilder, Progress
 from resumable.keras.callback.commit_lines import CommitLines
 from resumable.keras.callback.fit_lease import FitLease, gives_lease_back_on_error
-from resumable.keras.callback.fit_position import FitPosition, RestoredState
+from resumable.keras.callback.fit_position import FitPosition, RestoredState, runs_last
+from resumable.keras.callback.local_tier import LocalTierSaver
 from resumable.keras.callback.save_options import DEFAULT_SHARD_GIB, OptionAttributes, check_options
 from resumable.keras.checkpoint import training_state
 from resumable.keras.multihost import split_job
 from resumable.keras.replay.inputs import Feed
-from resumable.manager import DEFAULT_TIMEOUT, CheckpointInfo, RunStorage
+from resumable.manager import DEFAULT_TIMEOUT, RunStorage
 from resumable.manager.job_commit import DEFAULT_BARRIER_TIMEOUT
+from resumable.manager.tiers import LocalTier
 
 logger = logging.getLogger("resumable")
 
@@ -113,6 +115,9 @@ class CheckpointCallback(CarriedRun, OptionAttributes, keras.callbacks.Callback)
         barrier_timeout: Seconds (or a ``datetime.timedelta``) a process of a job whose model is
             split across hosts (``ModelParallel``) waits for the others at a save or a resume,
             before `BarrierTimeoutError` names those it waited for. Unused otherwise. Defaults to 600.
+        local_tier: A fast tier on this machine's own disk, saved often (True: every 60 s), its
+            newest kept: `resume()` takes it when newer than the run folder's. True, a
+            `resumable.LocalTier`, or False. Defaults to False.
     """
 
     # BackupAndRestore's semantics, as Keras': a fit with nothing restored starts at fit's own
@@ -146,6 +151,7 @@ class CheckpointCallback(CarriedRun, OptionAttributes, keras.callbacks.Callback)
         when_behind: str = "skip",
         barrier_timeout: float | datetime.timedelta = DEFAULT_BARRIER_TIMEOUT,
         snapshot_memory: int | str = "auto",
+        local_tier: bool | LocalTier = False,
     ) -> None:
         super().__init__()
         self.options = check_options(
@@ -156,6 +162,7 @@ class CheckpointCallback(CarriedRun, OptionAttributes, keras.callbacks.Callback)
             staging_dir=staging_dir, storage_options=storage_options, async_upload=async_upload,
             takeover=takeover, lease_timeout=lease_timeout, max_shard_size=max_shard_size,
             when_behind=when_behind, barrier_timeout=barrier_timeout, snapshot_memory=snapshot_memory,
+            local_tier=local_tier,
         )
         options = self.options
         # Lease, staging, uploads, commits and retention: this callback only decides when to save.
@@ -165,6 +172,7 @@ class CheckpointCallback(CarriedRun, OptionAttributes, keras.callbacks.Callback)
         self.schedule = options.save_schedule()
         self.builder = CheckpointBuilder(options, self.manager, self.lines)
         self.fit_lease = FitLease(options, self.manager, self.lines)
+        self.local_saves = LocalTierSaver(options, self.manager)  # #55: saved between the durable saves
         self.history: list[dict[str, float]] = []  # per-epoch logs of every epoch of the run
         self.epochs_done = 0
         self.stopped_early = False
@@ -172,7 +180,7 @@ class CheckpointCallback(CarriedRun, OptionAttributes, keras.callbacks.Callback)
         self.callbacks: list[keras.callbacks.Callback] | None = None  # the fit's callbacks, set by Run.fit
         self.restored_state = RestoredState()  # what a restored checkpoint hands to the next fit
         self.position = FitPosition()  # where the running fit stands, and the saves it owes
-        self._siblings: list[keras.callbacks.Callback] = []
+        self._siblings: list[keras.callbacks.Callback] = []  # the fit's other callbacks, whose state is saved
         self._last = True
         self.feed: Feed | None = None  # Run.fit's, while it runs: its positions go into every checkpoint
 
@@ -187,23 +195,13 @@ class CheckpointCallback(CarriedRun, OptionAttributes, keras.callbacks.Callback)
         """The run folder."""
         return self.manager.storage
 
-    @property
-    def restored(self) -> CheckpointInfo | None:
-        """The checkpoint this run was restored from, or None."""
-        return self.restored_state.checkpoint
-
-    @property
-    def resume_batch(self) -> int:
-        """The batch the restored checkpoint was taken at, in its epoch (0: an epoch end)."""
-        return self.restored_state.batch
-
     # ------------------------------------------------------------------ Keras hooks
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         # Keras tells a callback nothing of its siblings: Run.fit passes them, a plain fit is searched
         self._siblings = list(self.callbacks) if self.callbacks is not None else (
             compat.running_fit_callbacks(self))
-        self._last = self.saves_where_listed or _runs_last(self, self._siblings)
+        self._last = self.saves_where_listed or runs_last(self, self._siblings)
         self.position.fit_begins()
         self.schedule.restart_clock()  # timed saves count training time only
         self.lines.hold()
@@ -211,6 +209,7 @@ class CheckpointCallback(CarriedRun, OptionAttributes, keras.callbacks.Callback)
             self.restored_state.say_if_plain_fit_cannot_replay(compat.running_fit_input(self))
         restored = self.restored.name if self.restored is not None else None
         self.epochs_done = self.fit_lease.begin(self.model, self.strategy, restored, self.epochs_done)
+        self.local_saves.begin(self.model, self.strategy)  # after the durable lease: it keeps writers apart
 
     @gives_lease_back_on_error
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
@@ -221,7 +220,9 @@ class CheckpointCallback(CarriedRun, OptionAttributes, keras.callbacks.Callback)
         if self.position.first_epoch:
             self.position.first_epoch = False
             self._start(epoch)
-        self.schedule.epoch_begins(self.position.epoch_begins(self.model, self.restored_state))
+        step = self.position.epoch_begins(self.model, self.restored_state)
+        self.schedule.epoch_begins(step)
+        self.local_saves.epoch_begins(step)
         if self.feed is not None:  # Run.fit's inputs draw their epoch's order from the states just set
             self.feed.rng_ready()
 
@@ -241,6 +242,8 @@ class CheckpointCallback(CarriedRun, OptionAttributes, keras.callbacks.Callback)
             due = split_job.chief_decides(due)  # #36: every process saves at the same step
         if due:
             self.save_checkpoint(self.position.batch, training_state.logs_to_floats(logs))
+        self.local_saves.save_if_due(self, self._siblings, step, self.position.batch, logs,
+                                     durable_saved=self.builder.last_saved_step == step)
 
     @gives_lease_back_on_error
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
@@ -270,6 +273,7 @@ class CheckpointCallback(CarriedRun, OptionAttributes, keras.callbacks.Callback)
         finally:
             self.lines.print_lines(fit_ended=True)
             self.manager.release()
+            self.local_saves.end()
 
     def wait_for_uploads(self, timeout: float | None = None) -> bool:
         """Block until the checkpoints saved so far are committed (or ``timeout`` seconds pass).
@@ -313,11 +317,8 @@ class CheckpointCallback(CarriedRun, OptionAttributes, keras.callbacks.Callback)
             return
         if batch:
             self.restored_state.add_metrics(self.model)  # the epoch's metric totals go into the checkpoint
-        progress = Progress(epochs_done=self.epochs_done, best=self.best, stopped_early=self.stopped_early,
-                            epochs_planned=(self.params or {}).get("epochs"),
-                            history=self.history[: self.epochs_done])
         inputs = self.builder.save(self.model, self.strategy, step=step, batch=batch, logs=logs,
-                                   progress=progress, callbacks=self._siblings, feed=self.feed,
+                                   progress=Progress.of(self), callbacks=self._siblings, feed=self.feed,
                                    epoch_rng=self.position.epoch_rng)
         if inputs is not None:  # where the inputs stand at the newest checkpoint, for a later run.fit
             self.restored_state.inputs = inputs
@@ -326,13 +327,6 @@ class CheckpointCallback(CarriedRun, OptionAttributes, keras.callbacks.Callback)
     def is_chief(self) -> bool:
         """Whether this process writes the run folder (process 0 of a distributed job)."""
         return topology.is_chief(self.model, self.strategy)
-
-
-def _runs_last(callback: keras.callbacks.Callback, callbacks: list[keras.callbacks.Callback]) -> bool:
-    """True when no callback that keeps state runs after this one (Keras' History and progress bar don't)."""
-    after = callbacks[callbacks.index(callback) + 1:] if callback in callbacks else []
-    passive = (keras.callbacks.History, keras.callbacks.ProgbarLogger)
-    return all(isinstance(c, passive) for c in after)
 
 
 __all__ = ["CheckpointCallback"]

@@ -232,4 +232,11 @@ class FitPosition:
         return seen
 
 
-__all__ = ["FitPosition", "RestoredState"]
+def runs_last(callback: keras.callbacks.Callback, callbacks: list[keras.callbacks.Callback]) -> bool:
+    """True when no callback that keeps state runs after this one (Keras' History and progress bar don't)."""
+    after = callbacks[callbacks.index(callback) + 1:] if callback in callbacks else []
+    passive = (keras.callbacks.History, keras.callbacks.ProgbarLogger)
+    return all(isinstance(c, passive) for c in after)
+
+
+__all__ = ["FitPosition", "RestoredState", "runs_last"]

@@ -15,6 +15,7 @@ from resumable.keras.callback.save_schedule import SaveSchedule
 from resumable.keras.checkpoint.memory_budget import SnapshotMemory
 from resumable.manager import check_timeout
 from resumable.manager.run_manager import RunManager
+from resumable.manager.tiers import LocalTier, check_local_tier
 from resumable.manager.uploader import check_when_behind
 
 _MODEL_FILE_SUFFIXES = (".keras", ".h5", ".hdf5", ".weights.h5")
@@ -48,6 +49,7 @@ class SaveOptions:
     when_behind: str
     barrier_timeout: float  # seconds
     snapshot_memory: SnapshotMemory  # #54: what a save may copy to host memory
+    local_tier: LocalTier | None = None  # #55: the fast local tier beside the run folder; None: off
 
     @property
     def file_format(self) -> str:
@@ -95,6 +97,7 @@ def check_options(
     when_behind: Any,
     barrier_timeout: Any,
     snapshot_memory: Any,
+    local_tier: Any = False,
 ) -> SaveOptions:
     """`CheckpointCallback`'s arguments as `SaveOptions`; ValueError for the first bad one. Every
     argument is given: the defaults are the constructor's alone."""
@@ -119,6 +122,7 @@ def check_options(
     _check_bool("save_trainable_only", save_trainable_only)
     shard_size = _check_max_shard_size(max_shard_size)
     memory = SnapshotMemory(snapshot_memory)
+    tier = check_local_tier(local_tier)
     lease_seconds = check_timeout(lease_timeout)
     barrier_seconds = check_timeout(barrier_timeout, "barrier_timeout", "how long a process of a "
                                     "multi-host job waits for the others at a save")
@@ -130,7 +134,7 @@ def check_options(
         initial_value_threshold=None if initial_value_threshold is None else float(initial_value_threshold),
         staging_dir=staging_dir, storage_options=storage_options, async_upload=async_upload,
         takeover=takeover, lease_timeout=lease_seconds, max_shard_size=shard_size,
-        when_behind=when_behind, barrier_timeout=barrier_seconds, snapshot_memory=memory,
+        when_behind=when_behind, barrier_timeout=barrier_seconds, snapshot_memory=memory, local_tier=tier,
     )
 
 
@@ -176,6 +180,7 @@ class OptionAttributes:
     when_behind = Option[str]()
     barrier_timeout = Option[float]()
     snapshot_memory = Option[SnapshotMemory]()
+    local_tier = Option[LocalTier | None]()
 
 
 def _check_bool(argument: str, value: Any) -> None:

@@ -1,0 +1,83 @@
+"""The local tier's switch and its saves in one process (#55); the kills are in test_local_tier_crash.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+
+import resumable
+from resumable import RunStorage
+from resumable.keras import topology
+from resumable.keras.callback import local_tier
+from resumable.manager import tiers
+
+
+def build() -> keras.Model:
+    keras.utils.set_random_seed(3)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3), keras.layers.Dense(1)])
+    model.compile(optimizer="adam", loss="mse")
+    return model
+
+
+X = np.random.default_rng(0).normal(size=(64, 4)).astype("float32")
+Y = X[:, :1]
+
+
+@pytest.mark.parametrize("value", ["yes", 1, {"every_seconds": 5}])
+def test_a_bad_local_tier_is_one_line_before_anything_is_written(tmp_path: Path, value: object) -> None:
+    with pytest.raises(ValueError, match="local_tier") as raised:
+        resumable.CheckpointCallback(str(tmp_path / "run"), local_tier=value)  # type: ignore[arg-type]
+    assert "\n" not in str(raised.value)
+    with pytest.raises(ValueError, match="local_tier"):
+        resumable.resume(str(tmp_path / "run"), build, local_tier=value)
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_option_reads_back_and_off_writes_no_run_id(tmp_path: Path) -> None:
+    on = resumable.CheckpointCallback(str(tmp_path / "a"), local_tier=True)
+    assert on.local_tier == resumable.LocalTier()
+    cb = resumable.CheckpointCallback(str(tmp_path / "b"), monitor="loss")
+    assert cb.local_tier is None
+    build().fit(X, Y, batch_size=8, epochs=1, verbose=0, callbacks=[cb])
+    assert not (tmp_path / "b" / "run.json").exists()  # users who do not turn it on: nothing changes
+
+
+def test_a_fit_saves_the_local_tier_between_the_durable_saves(tmp_path: Path) -> None:
+    tier = resumable.LocalTier(folder=tmp_path / "local", every_steps=3, every_seconds=None)
+    cb = resumable.CheckpointCallback(str(tmp_path / "run"), monitor="loss", local_tier=tier)
+    build().fit(X, Y, batch_size=8, epochs=2, verbose=0, callbacks=[cb])
+    run_id = json.loads((tmp_path / "run" / "run.json").read_text())["run_id"]
+    local = RunStorage(str(tmp_path / "local" / run_id))
+    assert tiers.read_run_id(local) == run_id
+    saved = local.list()
+    assert saved and all(c.ok for c in saved) and len(saved) <= 2  # keep=1: its newest (and one in flight)
+    assert saved[-1].step == 15 and saved[-1].manifest is not None and saved[-1].manifest.batch == 7
+    durable_steps = {c.step for c in RunStorage(str(tmp_path / "run")).list()}
+    assert durable_steps == {8, 16}  # the durable tier's schedule, unchanged
+    assert not (tmp_path / "local" / run_id / "lease.json").exists()  # given back at the end of fit
+
+
+def test_a_local_tier_that_cannot_be_written_is_one_warning_and_training_goes_on(tmp_path: Path) -> None:
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a folder")
+    tier = resumable.LocalTier(folder=blocked, every_steps=2, every_seconds=None)
+    cb = resumable.CheckpointCallback(str(tmp_path / "run"), monitor="loss", local_tier=tier)
+    with pytest.warns(UserWarning, match="the local tier in .* is off for this session") as warned:
+        build().fit(X, Y, batch_size=8, epochs=2, verbose=0, callbacks=[cb])
+    assert len([w for w in warned if "local tier" in str(w.message)]) == 1
+    assert [c.epoch for c in RunStorage(str(tmp_path / "run")).list()] == [1, 2]
+
+
+def test_a_job_of_several_processes_says_its_local_tier_is_off(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    # This process reports itself one of two (a job split across hosts): only the count is patched.
+    monkeypatch.setattr(topology, "topology", lambda model, strategy=None: (2, 1))
+    tier = resumable.LocalTier(folder=tmp_path / "local", every_steps=2, every_seconds=None)
+    cb = resumable.CheckpointCallback(str(tmp_path / "run"), monitor="loss", local_tier=tier)
+    build().fit(X, Y, batch_size=8, epochs=1, verbose=0, callbacks=[cb])
+    assert local_tier.SPLIT_JOB_LINE in capsys.readouterr().out
+    assert not (tmp_path / "local").exists()
