@@ -131,6 +131,8 @@ CASES: dict[str, tuple[Callable[[], Any], dict[str, Any]]] = {
         .batch(BATCH).repeat(), {"steps_per_epoch": 5}),
     "PyDataset shuffling in on_epoch_end": (SelfShuffling, {}),  # and fit's shuffle=True
     "PyDataset shuffling in on_epoch_end, shuffle=False": (SelfShuffling, {"shuffle": False}),
+    "PyDataset shuffling in on_epoch_end, steps_per_epoch below its length": (
+        SelfShuffling, {"steps_per_epoch": 4}),  # 6 batches; each epoch reads the first 4
     "PyDataset with workers": (Threaded, {}),
     "generator": (batches, {"steps_per_epoch": 4}),
     "arrays, shuffle=True": (arrays, {"batch_size": BATCH, "shuffle": True}),
@@ -206,14 +208,19 @@ def test_a_resumed_run_fit_ends_as_model_fit(case: str, tmp_path: Path) -> None:
 
 
 # Inputs whose order an epoch draws: Ctrl-C three batches into the second epoch, then a resume.
-MID_EPOCH = ["tf.data reshuffling", "PyDataset shuffling in on_epoch_end", "arrays, shuffle=True"]
+# With steps_per_epoch below a PyDataset's length, its pass spans epochs (4 batches, then 2): Ctrl-C
+# inside the short epoch, and three batches into the first (the resumed fit then starts mid-pass).
+BELOW = "PyDataset shuffling in on_epoch_end, steps_per_epoch below its length"
+MID_EPOCH = [(case, 1, 3) for case in ("tf.data reshuffling", "PyDataset shuffling in on_epoch_end",
+                                       "arrays, shuffle=True")] + [(BELOW, 1, 1), (BELOW, 0, 3)]
 
 
-@pytest.mark.parametrize("case", MID_EPOCH)
-def test_a_run_fit_resumed_mid_epoch_ends_as_model_fit(case: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("case", "epoch", "batch"), MID_EPOCH)
+def test_a_run_fit_resumed_mid_epoch_ends_as_model_fit(case: str, epoch: int, batch: int,
+                                                       tmp_path: Path) -> None:
     expected = with_model_fit(case)
     with pytest.raises(KeyboardInterrupt):
-        with_run_fit(case, tmp_path / "run", EPOCHS, callbacks=[InterruptAt(epoch=1, batch=3)])
+        with_run_fit(case, tmp_path / "run", EPOCHS, callbacks=[InterruptAt(epoch=epoch, batch=batch)])
     assert_equal_weights(with_run_fit(case, tmp_path / "run", EPOCHS), expected, f"{case}, resumed mid-epoch")
 
 
@@ -227,3 +234,19 @@ def test_run_fit_says_where_it_reads_a_pydataset_otherwise_than_model_fit(tmp_pa
         assert said == []
     else:
         assert len(said) == 1 and "PyDataset Threaded" in said[0] and "\n" not in said[0]
+
+
+def test_a_resumed_run_fit_says_it_cannot_refill_keras_worker_queue(tmp_path: Path) -> None:
+    """With workers and steps_per_epoch below the length, Keras' worker queue carries batches read
+    in one epoch into later passes, as many as its threads got to (model.fit itself then differs
+    from run to run); a new session starts with an empty queue, and says so."""
+    def fit(epochs: int) -> None:
+        keras.utils.set_random_seed(SEED)
+        run = resumable.resume(str(tmp_path / "run"), build_model=make_model)
+        run.fit(Threaded(), epochs=epochs, steps_per_epoch=4, verbose=0)
+
+    fit(STOP_AT)
+    with pytest.warns(UserWarning) as caught:
+        fit(EPOCHS)
+    said = [str(w.message) for w in caught if "cannot refill" in str(w.message)]
+    assert len(said) == 1 and "PyDataset Threaded" in said[0] and "steps_per_epoch=4" in said[0]
