@@ -240,8 +240,8 @@ class PyDatasetRole(Role):
         if self.pending is not None:
             user_state.restore(self.dataset, self.name, self.pending)
             self.pending = None
-        if self.per_epoch and current is not None and current.order is None:
-            current.offset = 0 if not self.fit_begins else current.offset  # Keras' enqueuer counts from 0
+        if self.per_epoch and current is not None and current.order is None and not self.fit_begins:
+            current.offset = 0  # Keras' enqueuer counts from 0 again
         self.draw_due = self.shuffles and (new_pass or self.per_epoch) and not (
             self.fit_begins and self.passes.at)
         self.fit_begins = False
@@ -265,6 +265,10 @@ class PyDatasetRole(Role):
             began = {"python": self.passes.rng} if self.passes.rng is not None else self.epoch_rng
             return compat.pydataset_epoch_order(self.count, training_state.python_random(began))
         return list(range(self.count))
+
+    def ends_pass(self, batches: int | None) -> bool:
+        """Whether reading ``batches`` more (None: to the end) ends the pass the next fit starts in."""
+        return self.count is not None and (batches is None or self.passes.at + batches >= self.count)
 
     def build_read(self) -> Any:
         """What ``fit`` draws and reads when it reads a batch to build the model: the order of a

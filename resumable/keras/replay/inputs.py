@@ -232,6 +232,13 @@ class Feed(keras.callbacks.Callback):
             arguments[VALIDATION] = self.roles[VALIDATION].for_fit(None, 0)
         return arguments
 
+    def rest_of_epoch_ends_pass(self, batch: int) -> bool:
+        """True when the rest of an epoch resumed at ``batch`` ends a pass of the training input
+        (a PyDataset read across epochs, `PyDatasetRole`): Keras starts its next pass there, as
+        an unbroken run does."""
+        role, steps = self.roles[TRAIN], self.arguments.get("steps_per_epoch")
+        return isinstance(role, PyDatasetRole) and role.ends_pass(None if steps is None else steps - batch)
+
     @property
     def positions_rest_of_epoch(self) -> bool:
         """True when the training input is skipped here (not by `positioning`) mid-epoch."""
