@@ -200,10 +200,12 @@ class Run:
                     _RunEpochs(epochs)]
                 feed.build_model(self.model)
                 feed.fit_starts()
+                # Keras reads one stream on, unless the epoch's rest ends a PyDataset's pass (as unbroken)
+                stream = bool(steps) and not feed.rest_of_epoch_ends_pass(batch)
                 try:
                     histories.append(self.model.fit(
                         epochs=self.initial_epoch + 1, initial_epoch=self.initial_epoch,
-                        callbacks=[*torch_backend.epoch_rest_ends(bool(steps)), *callbacks, *headers,
+                        callbacks=[*torch_backend.epoch_rest_ends(stream), *callbacks, *headers,
                                    *torch_backend.continued_stream(True)], **partial,
                     ))
                 finally:

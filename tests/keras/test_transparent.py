@@ -8,6 +8,7 @@ TensorFlow, and compares the weights bitwise.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -102,6 +103,10 @@ def batches() -> Iterator[tuple[np.ndarray, np.ndarray]]:
         yield x[picked], y[picked]
 
 
+def six_batches() -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    yield from itertools.islice(batches(), SAMPLES // BATCH)
+
+
 def noisy(x: Any, y: Any) -> tuple[Any, Any]:
     return x + tf.random.uniform(tf.shape(x)) * 0.1, y  # no op seed: from the global seed
 
@@ -131,7 +136,14 @@ CASES: dict[str, tuple[Callable[[], Any], dict[str, Any]]] = {
         .batch(BATCH).repeat(), {"steps_per_epoch": 5}),
     "PyDataset shuffling in on_epoch_end": (SelfShuffling, {}),  # and fit's shuffle=True
     "PyDataset shuffling in on_epoch_end, shuffle=False": (SelfShuffling, {"shuffle": False}),
+    "PyDataset shuffling in on_epoch_end, steps_per_epoch below its length": (
+        SelfShuffling, {"steps_per_epoch": 4}),  # 6 batches; each epoch reads the first 4
+    "PyDataset shuffling in on_epoch_end, steps_per_epoch below its length, shuffle=False": (
+        SelfShuffling, {"steps_per_epoch": 4, "shuffle": False}),
     "PyDataset with workers": (Threaded, {}),
+    "generator ending, steps_per_epoch below its length": (six_batches, {"steps_per_epoch": 4}),
+    "tf.data without repeat, steps_per_epoch below its length": (
+        lambda: tensors().shuffle(SAMPLES, seed=1).batch(BATCH), {"steps_per_epoch": 4}),
     "generator": (batches, {"steps_per_epoch": 4}),
     "arrays, shuffle=True": (arrays, {"batch_size": BATCH, "shuffle": True}),
     "tf.data validation": (
@@ -181,15 +193,25 @@ WORKERS_BEHIND = ("model.fit's build read leaves Keras' worker queue a batch beh
                   "run.fit says so")
 
 
-def differs(case: str) -> str | None:
+# Cases a resumed run.fit reads otherwise than model.fit, and why (an unbroken one is exact).
+RESUMED_DIFFERS: dict[str, str] = {
+    "generator ending, steps_per_epoch below its length": (
+        "once a finite generator runs out, Keras reads again the batches it looked at first (13 steps "
+        "on 6 batches in 4 epochs); a new session's generator, brought to its end, has none"),
+    "tf.data without repeat, steps_per_epoch below its length": (
+        "resumable replays whole passes of a tf.data.Dataset, and a resumed run.fit says so"),
+}
+
+
+def differs(case: str, resumed: bool = False) -> str | None:
     if case == "PyDataset with workers" and keras.backend.backend() != "tensorflow":
         return WORKERS_BEHIND
-    return DIFFERS.get(case)
+    return (RESUMED_DIFFERS.get(case) if resumed else None) or DIFFERS.get(case)
 
 
-def cases() -> list[Any]:
+def cases(resumed: bool = False) -> list[Any]:
     return [pytest.param(case, marks=pytest.mark.xfail(strict=True, reason=why))
-            if (why := differs(case)) is not None else case for case in CASES]
+            if (why := differs(case, resumed)) is not None else case for case in CASES]
 
 
 @pytest.mark.parametrize("case", cases())
@@ -198,7 +220,7 @@ def test_an_unbroken_run_fit_trains_as_model_fit(case: str, tmp_path: Path) -> N
     assert_equal_weights(with_run_fit(case, tmp_path / "run", EPOCHS), expected, f"{case}, unbroken")
 
 
-@pytest.mark.parametrize("case", cases())
+@pytest.mark.parametrize("case", cases(resumed=True))
 def test_a_resumed_run_fit_ends_as_model_fit(case: str, tmp_path: Path) -> None:
     expected = with_model_fit(case)
     with_run_fit(case, tmp_path / "run", STOP_AT)
@@ -206,14 +228,19 @@ def test_a_resumed_run_fit_ends_as_model_fit(case: str, tmp_path: Path) -> None:
 
 
 # Inputs whose order an epoch draws: Ctrl-C three batches into the second epoch, then a resume.
-MID_EPOCH = ["tf.data reshuffling", "PyDataset shuffling in on_epoch_end", "arrays, shuffle=True"]
+# With steps_per_epoch below a PyDataset's length, its pass spans epochs (4 batches, then 2): Ctrl-C
+# inside the short epoch, and three batches into the first (the resumed fit then starts mid-pass).
+BELOW = "PyDataset shuffling in on_epoch_end, steps_per_epoch below its length"
+MID_EPOCH = [(case, 1, 3) for case in ("tf.data reshuffling", "PyDataset shuffling in on_epoch_end",
+                                       "arrays, shuffle=True")] + [(BELOW, 1, 1), (BELOW, 0, 3)]
 
 
-@pytest.mark.parametrize("case", MID_EPOCH)
-def test_a_run_fit_resumed_mid_epoch_ends_as_model_fit(case: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("case", "epoch", "batch"), MID_EPOCH)
+def test_a_run_fit_resumed_mid_epoch_ends_as_model_fit(case: str, epoch: int, batch: int,
+                                                       tmp_path: Path) -> None:
     expected = with_model_fit(case)
     with pytest.raises(KeyboardInterrupt):
-        with_run_fit(case, tmp_path / "run", EPOCHS, callbacks=[InterruptAt(epoch=1, batch=3)])
+        with_run_fit(case, tmp_path / "run", EPOCHS, callbacks=[InterruptAt(epoch=epoch, batch=batch)])
     assert_equal_weights(with_run_fit(case, tmp_path / "run", EPOCHS), expected, f"{case}, resumed mid-epoch")
 
 
@@ -227,3 +254,28 @@ def test_run_fit_says_where_it_reads_a_pydataset_otherwise_than_model_fit(tmp_pa
         assert said == []
     else:
         assert len(said) == 1 and "PyDataset Threaded" in said[0] and "\n" not in said[0]
+
+
+def test_a_resumed_run_fit_says_it_cannot_refill_keras_worker_queue(tmp_path: Path) -> None:
+    """With workers and steps_per_epoch below the length, Keras' worker queue carries batches read
+    in one epoch into later passes, as many as its threads got to (model.fit itself then differs
+    from run to run); a new session starts with an empty queue, and says so."""
+    def fit(epochs: int) -> None:
+        keras.utils.set_random_seed(SEED)
+        run = resumable.resume(str(tmp_path / "run"), build_model=make_model)
+        run.fit(Threaded(), epochs=epochs, steps_per_epoch=4, verbose=0)
+
+    fit(STOP_AT)
+    with pytest.warns(UserWarning) as caught:
+        fit(EPOCHS)
+    said = [str(w.message) for w in caught if "cannot refill" in str(w.message)]
+    assert len(said) == 1 and "PyDataset Threaded" in said[0] and "steps_per_epoch=4" in said[0]
+
+
+def test_a_resumed_run_fit_says_it_replays_whole_passes_of_a_dataset(tmp_path: Path) -> None:
+    case = "tf.data without repeat, steps_per_epoch below its length"
+    with_run_fit(case, tmp_path / "run", STOP_AT)
+    with pytest.warns(UserWarning) as caught:
+        with_run_fit(case, tmp_path / "run", EPOCHS)
+    said = [str(w.message) for w in caught if "cannot be replayed exactly" in str(w.message)]
+    assert len(said) == 1 and "steps_per_epoch=4 is less than its 6 batches" in said[0]

@@ -12,7 +12,8 @@ unknown Keras costs exactness or speed, never a save or a resume. Callers write
 - `fit`: ``keras.src.trainers.data_adapters``' ``array_data_adapter.ArrayDataAdapter`` (its
   ``get_tf_dataset``, ``get_numpy_iterator``, ``get_torch_dataloader``), ``can_convert_arrays``,
   ``array_slicing.train_validation_split``; the ``keras.callbacks.CallbackList`` and ``x`` in
-  ``fit``'s frame; ``Trainer._symbolic_build(data_batch=...)``; ``Trainer._initial_epoch``; how
+  ``fit``'s frame; ``Trainer._symbolic_build(data_batch=...)``; ``Trainer._initial_epoch``; the
+  ``epoch_iterator``'s ``_num_batches`` in ``fit``'s frame (a pass's length); how
   ``EpochIterator._enumerate_iterator`` creates a dataset's iterators (modelled, not reached).
 - `callbacks`: ``keras.callbacks.TensorBoard._global_train_batch``, ``_global_test_batch``,
   ``_writers``; ``keras.callbacks.ModelCheckpoint._save_model``, ``_get_file_path``,
@@ -65,6 +66,7 @@ from resumable.keras.compat.fit import (
     running_fit_callbacks,
     running_fit_input,
     set_fit_initial_epoch,
+    set_fit_pass_length,
 )
 from resumable.keras.compat.global_state import global_seed_generator, tensorflow_unavailable
 from resumable.keras.compat.in_place import assigned_in_place, shared_buffer
@@ -93,6 +95,7 @@ __all__ = ["array_adapters", "ArrayAdapters", "assigned_in_place", "backup_names
            "lora_layer_variables", "model_checkpoint_internals", "model_json",
            "pydataset_epoch_order", "running_fit_callbacks",
            "running_fit_input", "saved_values", "SavedValue", "says_finished_saving", "set_fit_initial_epoch",
+           "set_fit_pass_length",
            "shared_buffer", "sharding_works", "should_save_model", "snapshots_work", "TENSORBOARD_COUNTERS",
            "tensorflow_unavailable", "trained_non_trainable_variables", "unsupported", "write_legacy_weights",
            "write_sharded_weights", "write_weights"]

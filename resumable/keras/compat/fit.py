@@ -139,6 +139,33 @@ def running_fit_input(callback: keras.callbacks.Callback) -> Any:
     return None
 
 
+def set_fit_pass_length(callback: keras.callbacks.Callback, batches: int) -> bool:
+    """Make the running ``model.fit`` (found from ``callback`` as `running_fit_input` finds its
+    ``x``) count ``batches`` to a pass of its input from now on; False when not found.
+
+    Keras' epoch iterator takes a finite input's length once, as ``fit`` starts, and with
+    ``steps_per_epoch`` ends a pass (and so an epoch, early) when that many batches are read. A
+    fit resumed inside a pass starts with the pass's rest; its later passes are whole. Sets
+    ``EpochIterator._num_batches`` (the ``epoch_iterator`` in ``fit``'s frame, Keras 3.8 to 3.15),
+    which ``_enumerate_iterator`` reads at each step.
+    """
+    frame = inspect.currentframe()
+    try:
+        while frame is not None:
+            values = frame.f_locals
+            iterator = values.get("epoch_iterator")
+            if iterator is not None and "_num_batches" in vars(iterator) and any(
+                    isinstance(v, keras.callbacks.CallbackList) and callback in v.callbacks
+                    for v in values.values()):
+                iterator._num_batches = batches
+                return True
+            frame = frame.f_back
+    finally:
+        del frame
+    logger.debug("%s", unsupported("EpochIterator._num_batches in fit's frame"))
+    return False
+
+
 def set_fit_initial_epoch(model: keras.Model, epoch: int | None) -> None:
     """Make the next ``model.fit`` start at ``epoch`` (None: at its ``initial_epoch`` argument).
 

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import itertools
 import logging
+import random
 import weakref
 from collections.abc import Iterator
 from typing import Any
 
+from resumable.core import user_warnings
 from resumable.keras import compat
 from resumable.keras.checkpoint import training_state, user_state
 from resumable.keras.replay import py_dataset, tf_data
@@ -184,65 +186,89 @@ def _limited(iterator: Iterator[Any], limit: int) -> Iterator[Any]:
 
 class PyDatasetRole(Role):
     """A ``keras.utils.PyDataset``: its batches in the order ``fit(shuffle=True)`` would draw for
-    each epoch, drawn as Keras draws it (`py_dataset`, `compat.pydataset_epoch_order`); its own
+    each pass, drawn as Keras draws it (`py_dataset`, `compat.pydataset_epoch_order`); its own
     state through ``get_state``/``set_state`` when it has them, saved with each checkpoint and
     given back when a fit's first epoch begins (after the ``on_epoch_end`` Keras calls when
     ``fit`` starts).
 
-    A resumed epoch's order is drawn again from ``epoch_rng`` (the random states its epoch began
-    with, saved with a mid-epoch checkpoint); the global RNG is the checkpoint's, already past
-    that draw. An endless one (no ``num_batches``) is read from index 0 on, across epochs, when
-    Keras reads it in this thread; with workers Keras starts again at 0 each epoch. Either way,
-    resumed, it starts where the unbroken run was.
+    A pass is an epoch, but for ``steps_per_epoch`` below the dataset's length: Keras then reads
+    one pass across epochs, an epoch ending early where the pass ends (`passes`). A fit resumed
+    inside a pass reads the pass's rest, in the order drawn again from the random state the
+    pass began with (an older checkpoint's: its epoch's, ``epoch_rng``), as its first pass.
+    An endless one (no ``num_batches``) is read from index 0 on, across epochs, when Keras reads
+    it in this thread; with workers Keras starts again at 0 each epoch. Either way, resumed, it
+    starts where the unbroken run was.
     """
 
     kind = "PyDataset"
     samples = True
 
     def __init__(self, dataset: Any, shuffle: bool, start: int, pending: Any, epoch: int,
-                 epoch_rng: dict[str, Any] | None) -> None:
+                 epoch_rng: dict[str, Any] | None, passes: py_dataset.PassState | None = None,
+                 fit_callback: Any = None) -> None:
         self.dataset = dataset
         self.count = py_dataset.batch_count(dataset)
         self.shuffles = shuffle and self.count is not None  # Keras shuffles finite ones only
-        # Keras' enqueuer restarts an endless dataset at index 0 each epoch; its own loop does not
+        # Keras' enqueuer restarts an endless dataset at index 0 each epoch; its own loop does not.
+        # It starts a finite one's pass again (a new draw) at every epoch.
         self.per_epoch = dataset.workers > 1 or (dataset.workers > 0 and dataset.use_multiprocessing)
         self.stream = Stream(start)
         self.pending = pending  # a saved {"state": ...} to give back before the next epoch
         self.name = f"PyDataset {type(dataset).__name__}"
         self.epoch = epoch
         self.epoch_rng = epoch_rng or {}
-        self.skip = 0
+        self.passes = passes or py_dataset.PassState()  # at: the pass's batches read before this epoch
+        self.fit_callback = fit_callback  # to find the running fit (`compat.set_fit_pass_length`)
+        self.fit_begins = False  # the next epoch is a fit's first
         self.draw_due = False  # the epoch begun still draws its order (`draw_order`)
         self.current: py_dataset.Ordered | None = None
+        self.said = False  # that a fit resumed inside a pass reads its later passes otherwise
 
     def before_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+        current, new_pass = self.current, self.passes.at == 0
+        if current is not None and self.count is not None and not self.fit_begins and (
+                new_pass or self.per_epoch):
+            told = not current.start or self.per_epoch or compat.set_fit_pass_length(self.fit_callback,
+                                                                                     self.count)
+            if not told and not self.said:  # its later passes end where the first did
+                self.said = True
+                user_warnings.warn(f"resumable: the training input ({self.name}) cannot be replayed exactly: "
+                                   "this Keras' fit cannot be told that its passes after the resumed one "
+                                   f"have {self.count} batches")
+            current.new_pass(list(range(self.count)))  # in order until `draw_order`
         if self.pending is not None:
             user_state.restore(self.dataset, self.name, self.pending)
             self.pending = None
-        self.epoch = epoch
-        if self.current is not None:
-            self.current.order = self._order(self.skip)
-            if self.per_epoch:  # Keras' enqueuer counts from 0 again; its own loop counts on
-                self.current.offset = self.skip
-        self.draw_due = self.shuffles and not self.skip
-        self.skip = 0  # only the fit's first epoch, the resumed one, starts mid-way
+        if self.per_epoch and current is not None and current.order is None and not self.fit_begins:
+            current.offset = 0  # Keras' enqueuer counts from 0 again
+        self.draw_due = self.shuffles and (new_pass or self.per_epoch) and not (
+            self.fit_begins and self.passes.at)
+        self.fit_begins = False
 
     def draw_order(self) -> None:
-        """The random states are the epoch's (a resumed fit's put back): draw its order now, as
+        """The random states are the pass's (a resumed fit's put back): draw its order now, as
         Keras would when it starts the pass."""
         if self.draw_due and self.current is not None and self.count is not None:
-            self.current.order = compat.pydataset_epoch_order(self.count)
+            version, internal, gauss = random.getstate()
+            self.passes = self.passes._replace(rng=[version, list(internal), gauss])
+            self.current.new_pass(compat.pydataset_epoch_order(self.count))
         self.draw_due = False
 
-    def _order(self, skip: int) -> list[int] | None:
-        """The epoch's batches from ``skip`` on: a resumed epoch's as drawn from ``epoch_rng``;
-        else in order until `draw_order` (Keras reads the first ones in order to learn the shapes)."""
+    def _pass_order(self) -> list[int] | None:
+        """The order of the pass the next fit starts in: drawn again from the random state it
+        began with when it began before; else in order until `draw_order` (Keras reads the first
+        ones in order to learn the shapes)."""
         if self.count is None:
             return None
-        if skip and self.shuffles:
-            drawn = compat.pydataset_epoch_order(self.count, training_state.python_random(self.epoch_rng))
-            return drawn[skip:]
-        return list(range(self.count))[skip:]
+        if self.passes.at and self.shuffles:
+            began = {"python": self.passes.rng} if self.passes.rng is not None else self.epoch_rng
+            return compat.pydataset_epoch_order(self.count, training_state.python_random(began))
+        return list(range(self.count))
+
+    def ends_pass(self, batches: int | None) -> bool:
+        """Whether reading ``batches`` more (None: to the end) ends the pass the next fit starts in."""
+        return self.count is not None and (batches is None or self.passes.at + batches >= self.count)
 
     def build_read(self) -> Any:
         """What ``fit`` draws and reads when it reads a batch to build the model: the order of a
@@ -256,18 +282,27 @@ class PyDatasetRole(Role):
         self.stream.batch_done(batch)
 
     def epoch_done(self) -> None:
+        at = self.passes.at + self.stream._in_epoch
         self.stream.epoch_done()
+        if self.count is not None:
+            self.passes = self.passes._replace(at=0 if at >= self.count or self.per_epoch else at)
 
     def fit_done(self) -> None:
+        at = self.passes.at + self.stream._in_epoch  # an interrupt: where the pass stands
         self.stream.fit_done()
+        if self.count is not None and not self.per_epoch:
+            self.passes = self.passes._replace(at=at if at < self.count else 0)
         if user_state.has_protocol(self.dataset):
             self.pending = user_state.capture(self.dataset, self.name)
-        PYDATASETS[self.dataset] = (self.stream.position, self.pending)
+        PYDATASETS[self.dataset] = (self.stream.position, self.pending, self.passes)
 
     def for_fit(self, limit: int | None, skip: int) -> Any:
-        self.skip = skip
+        if self.count is not None and self.per_epoch:
+            self.passes = self.passes._replace(at=skip)  # the enqueuer starts each epoch's pass anew
         offset = skip if self.per_epoch else self.stream.position
-        self.current = py_dataset.Ordered(self.dataset, self._order(skip), offset)
+        order = self._pass_order()
+        self.current = py_dataset.Ordered(self.dataset, order, offset, self.passes.at if order else 0)
+        self.fit_begins = True
         return self.current
 
     def overrides(self) -> dict[str, Any]:
@@ -278,7 +313,9 @@ class PyDatasetRole(Role):
 
     def state(self) -> dict[str, Any]:
         saved = user_state.capture(self.dataset, self.name) if user_state.has_protocol(self.dataset) else None
-        return {"kind": self.kind, "position": self.stream.position, **(saved or {})}
+        passes = self.passes._replace(at=self.passes.at + self.stream._in_epoch)
+        return {"kind": self.kind, "position": self.stream.position, **(saved or {}),
+                **(passes.saved(self.count) if self.count is not None and not self.per_epoch else {})}
 
 
 class Remembered:
@@ -306,7 +343,7 @@ class Remembered:
 ROLE_NAMES = {TRAIN: "training input", VALIDATION: "validation data"}
 # Where this session left Python iterators and PyDatasets given to run.fit.
 ITERATOR_POSITIONS = Remembered()
-# a PyDataset's (stream position, saved get_state())
+# a PyDataset's (stream position, saved get_state(), py_dataset.PassState)
 PYDATASETS = Remembered()
 
 

@@ -174,19 +174,26 @@ class Feed(keras.callbacks.Callback):
         shuffle = bool(self.arguments.get("shuffle", True))
         known = PYDATASETS.get(dataset)
         if known is not None:
-            start, pending = known
+            start, pending, passes = known
         elif self.resumed and saved.get("kind") == "PyDataset":
             start = int(saved.get("position", 0))
             pending = {k: v for k, v in saved.items() if k == user_state.STATE_KEY} or None
+            passes = py_dataset.saved_pass(saved.get("pass"), batch)
         else:  # a new run, or a checkpoint without it: from the batch
-            start, pending = batch, None
+            start, pending, passes = batch, None, py_dataset.PassState(batch)
         if self.resumed and known is None and py_dataset.overrides_on_epoch_end(dataset) and not (
                 user_state.has_protocol(dataset)):
             self._say(dataset, TRAIN, "its on_epoch_end may reorder its batches, and resumable cannot save "
                                       "that: give it get_state() and set_state() (see the docs), or leave "
                                       "shuffling to fit (shuffle=True)")
-        role = PyDatasetRole(dataset, shuffle, start, pending, epoch, self.epoch_rng)
-        if batch and role.shuffles and "python" not in self.epoch_rng:
+        role = PyDatasetRole(dataset, shuffle, start, pending, epoch, self.epoch_rng, passes, self)
+        steps, count = self.arguments.get("steps_per_epoch"), role.count
+        if self.resumed and role.per_epoch and count is not None and steps is not None and steps < count:
+            self._say(dataset, TRAIN, f"with workers and steps_per_epoch={steps} below its {count} "
+                                      "batches, Keras' worker queue carries batches prepared in one epoch "
+                                      "into later ones, which a new session cannot refill: pass "
+                                      "steps_per_epoch >= its batches, or workers=0, for an exact resume")
+        elif batch and role.shuffles and passes.rng is None and "python" not in self.epoch_rng:
             self._say(dataset, TRAIN, f"the checkpoint does not hold the random state epoch {epoch + 1}'s "
                                       "order was drawn from, so the rest of that epoch is read in another "
                                       "order (the epochs after it are exact)")
@@ -194,7 +201,7 @@ class Feed(keras.callbacks.Callback):
             self._say(dataset, TRAIN, "its checkpoint was written by an older resumable, which drew the "
                                       "batch order from a seed of its own: this epoch's rest is read in "
                                       "fit's order (the epochs after it are exact)")
-        PYDATASETS[dataset] = (start, pending)
+        PYDATASETS[dataset] = (start, pending, passes)
         return role
 
     def _check(self, dataset: Any, role: str) -> None:
@@ -224,6 +231,13 @@ class Feed(keras.callbacks.Callback):
         if VALIDATION in self.roles:
             arguments[VALIDATION] = self.roles[VALIDATION].for_fit(None, 0)
         return arguments
+
+    def rest_of_epoch_ends_pass(self, batch: int) -> bool:
+        """True when the rest of an epoch resumed at ``batch`` ends a pass of the training input
+        (a PyDataset read across epochs, `PyDatasetRole`): Keras starts its next pass there, as
+        an unbroken run does."""
+        role, steps = self.roles[TRAIN], self.arguments.get("steps_per_epoch")
+        return isinstance(role, PyDatasetRole) and role.ends_pass(None if steps is None else steps - batch)
 
     @property
     def positions_rest_of_epoch(self) -> bool:
