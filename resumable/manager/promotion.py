@@ -53,7 +53,7 @@ def promote(writer: RunWriter, source: Path, info: CheckpointInfo) -> None:
         return committed
 
     logger.info("resumable: promoting %s from the local tier to %s", info.name, writer.storage.url)
-    queue = writer.uploader.submit if writer.options.async_upload else writer.uploader.commit_now
+    queue = writer.uploader.commit_later if writer.options.async_upload else writer.uploader.commit_now
     queue(staging, info.name, local, commit=Staged(commit_checked))
 
 
