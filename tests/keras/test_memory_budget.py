@@ -147,6 +147,7 @@ def test_a_snapshot_over_its_budget_holds_no_copy_and_writes_the_same_bytes(
     fitting = model_to_files.snapshot(model, **kwargs, budget=copied.nbytes if copied else 0)
     assert copied is not None and streamed is not None and fitting is not None
     assert not copied.streamed and not fitting.streamed and streamed.streamed
+    assert not streamed.partial and streamed.copied_bytes == 0
     assert all(isinstance(v.value, np.ndarray) for v in copied.values)
     live = [v for v in streamed.values if isinstance(v.value, snapshot.LiveValue)]
     assert len(live) == len(model.weights) + len(model.optimizer.variables)  # nothing copied
@@ -156,6 +157,56 @@ def test_a_snapshot_over_its_budget_holds_no_copy_and_writes_the_same_bytes(
     copied.write(tmp_path / "copied")
     streamed.write(tmp_path / "streamed")
     ours, theirs = file_bytes(tmp_path / "streamed"), file_bytes(tmp_path / "copied")
+    assert ours.keys() == theirs.keys()
+    for name in ours:
+        if name == snapshot.MODEL_FILE:
+            assert keras_members(ours[name]) == keras_members(theirs[name])
+        elif name == snapshot.METADATA_FILE:
+            assert undated(ours[name]) == undated(theirs[name])
+        else:
+            assert ours[name] == theirs[name], name
+
+
+@pytest.mark.lanes
+@pytest.mark.parametrize("weights_only", [True, False])
+@pytest.mark.parametrize("max_shard_size", [None, 2e-5])
+def test_a_snapshot_a_quarter_over_its_budget_copies_its_tail_and_writes_the_same_bytes(
+        tmp_path: Path, weights_only: bool, max_shard_size: float | None) -> None:
+    """What fits is copied, counted from the end of the save order; the write says when it is
+    past the live part (training goes on from there) before it writes the copied tail."""
+    model = trained()
+    kwargs: dict[str, Any] = dict(weights_only=weights_only, state={"step": 1}, max_shard_size=max_shard_size)
+    copied = model_to_files.snapshot(model, **kwargs)
+    assert copied is not None
+    budget = copied.nbytes // 4
+    partly = model_to_files.snapshot(model, **kwargs, budget=budget)
+    assert partly is not None and partly.streamed and partly.partial
+    held = sum(int(a.nbytes) for a in partly.arrays.values())
+    assert 0 < partly.copied_bytes <= budget - held
+    live = [isinstance(v.value, snapshot.LiveValue) for v in partly.values]
+    tail = live.index(False, max(i for i, is_live in enumerate(live) if is_live))
+    assert not any(live[tail:])  # the live ones first, then the copies
+    assert sum(int(v.value.nbytes) for v in partly.values[tail:]) >= partly.copied_bytes
+    variables = len(model.weights) + len(model.optimizer.variables)
+    assert 0 < live.count(False) < variables
+    released_at: list[int] = []
+    original = np.asarray
+
+    def reading(value: Any, *args: Any, **kwargs: Any) -> Any:  # counts the reads of live values
+        if isinstance(value, snapshot.LiveValue):
+            released_at.append(int(partly.live_written.is_set()))
+        return original(value, *args, **kwargs)
+
+    assert not partly.live_written.is_set()
+    np.asarray = reading  # type: ignore[assignment]
+    try:
+        partly.write(tmp_path / "partly")
+    finally:
+        np.asarray = original  # type: ignore[assignment]
+    assert partly.live_written.is_set()
+    assert released_at and not any(released_at)  # no live value read after training was let go
+    copied.write(tmp_path / "copied")
+    ours, theirs = file_bytes(tmp_path / "partly"), file_bytes(tmp_path / "copied")
     assert ours.keys() == theirs.keys()
     for name in ours:
         if name == snapshot.MODEL_FILE:
@@ -178,38 +229,43 @@ def checkpoint_files(run: Path) -> dict[str, dict[str, Any]]:
     {},
     {"max_shard_size": 2e-5},
 ])
-def test_a_run_saved_within_a_zero_budget_commits_the_same_checksums(
+def test_a_run_saved_within_a_zero_or_a_quarter_budget_commits_the_same_checksums(
         tmp_path: Path, save: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
-    """Training waits for the write (MainThread); every file's checksum is the copied save's, but
-    for what differs between any two saves of a full model: metadata.json's date, config.json's
-    object ids (compared without them)."""
-    writers: list[tuple[bool, str]] = []
+    """Training waits for the write (MainThread), or for its live part only when a quarter fits
+    (the rest in resumable-tail-write); every file's checksum is the copied save's, but for what
+    differs between any two saves of a full model: metadata.json's date, config.json's object
+    ids (compared without them)."""
+    writers: list[tuple[bool, bool, str]] = []
     original = snapshot.ModelSnapshot.write
 
     def write(self: snapshot.ModelSnapshot, folder: Path, root: str | None = None) -> Any:
-        writers.append((self.streamed, threading.current_thread().name))
+        writers.append((self.streamed, self.partial, threading.current_thread().name))
         return original(self, folder, root)
 
     monkeypatch.setattr(snapshot.ModelSnapshot, "write", write)
     x = np.random.default_rng(1).normal(size=(64, 16)).astype("float32")
+    whole = model_to_files.snapshot(trained(), weights_only="save_weights_only" in save, state={})
+    assert whole is not None
     files = {}
-    for memory in ("auto", 0):
+    for memory in ("auto", 0, whole.nbytes // 4):
         run = tmp_path / f"run-{memory}"
         callback = resumable.CheckpointCallback(str(run), monitor="loss", snapshot_memory=memory, **save)
         model = trained()
         model.fit(x, x[:, :1], epochs=2, verbose=0, callbacks=[callback])
         files[memory] = checkpoint_files(run)
     if "save_trainable_only" not in save:
-        assert (False, "resumable-uploader") in writers and (True, "MainThread") in writers
-        assert {w for w in writers if w[0]} == {(True, "MainThread")}
-    assert files["auto"].keys() == files[0].keys()
-    differs = {name for name in files[0] if files[0][name] != files["auto"][name]}
-    full_model = "save_weights_only" not in save and "save_trainable_only" not in save
-    assert differs <= ({"model.keras", "metadata.json", "config.json"} if full_model else set())
-    normalized = {"model.keras": keras_members, "metadata.json": undated, "config.json": unnumbered}
-    for name in differs:
-        ours, theirs = ((tmp_path / f"run-{m}/ckpt-000002/{name}").read_bytes() for m in (0, "auto"))
-        assert normalized[name](ours) == normalized[name](theirs), name
+        assert (False, False, "resumable-uploader") in writers
+        assert {w for w in writers if w[0]} == {(True, False, "MainThread"),
+                                                (True, True, "resumable-tail-write")}
+    for memory in (0, whole.nbytes // 4):
+        assert files["auto"].keys() == files[memory].keys()
+        differs = {name for name in files[memory] if files[memory][name] != files["auto"][name]}
+        full_model = "save_weights_only" not in save and "save_trainable_only" not in save
+        assert differs <= ({"model.keras", "metadata.json", "config.json"} if full_model else set())
+        normalized = {"model.keras": keras_members, "metadata.json": undated, "config.json": unnumbered}
+        for name in differs:
+            ours, theirs = ((tmp_path / f"run-{m}/ckpt-000002/{name}").read_bytes() for m in (memory, "auto"))
+            assert normalized[name](ours) == normalized[name](theirs), name
 
 
 @pytest.mark.lanes
@@ -236,3 +292,38 @@ def test_a_run_saved_within_a_zero_budget_resumes(tmp_path: Path) -> None:
     assert again.initial_epoch == 2
     for a, b in zip(run.model.weights, again.model.weights, strict=True):
         np.testing.assert_array_equal(keras.ops.convert_to_numpy(a), keras.ops.convert_to_numpy(b))
+
+
+@pytest.mark.parametrize("backend", ["memory", "gcs"])
+def test_a_run_to_a_bucket_within_a_quarter_budget_commits_the_same_checksums_and_resumes(
+        run_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bucket's run stages its files: the tail's write moves them into the staging folder."""
+    import fsspec
+
+    from resumable.keras.checkpoint import tail_write
+
+    moved: list[str | None] = []
+    original = tail_write.TailWrite.write
+
+    def write(self: tail_write.TailWrite, folder: Path, root: str | None) -> Any:
+        moved.append(root)
+        return original(self, folder, root)
+
+    monkeypatch.setattr(tail_write.TailWrite, "write", write)
+
+    x = np.random.default_rng(1).normal(size=(64, 16)).astype("float32")
+    whole = model_to_files.snapshot(trained(), weights_only=True, state={})
+    assert whole is not None
+    manifests = {}
+    for memory in ("auto", whole.nbytes // 4):
+        url = f"{run_url}-{memory}"
+        run = resumable.resume(url, trained, monitor="loss", save_weights_only=True, snapshot_memory=memory)
+        run.fit(x, x[:, :1], epochs=2, verbose=0)
+        with fsspec.open(f"{url}/ckpt-000002/manifest.json", "r") as manifest:
+            manifests[memory] = json.load(manifest)["files"]
+        again = resumable.resume(url, trained, monitor="loss", save_weights_only=True, snapshot_memory=memory)
+        assert again.initial_epoch == 2
+        for a, b in zip(run.model.weights, again.model.weights, strict=True):
+            np.testing.assert_array_equal(keras.ops.convert_to_numpy(a), keras.ops.convert_to_numpy(b))
+    assert manifests["auto"] == manifests[whole.nbytes // 4]
+    assert moved and set(moved) == {None}  # into staging, then uploaded

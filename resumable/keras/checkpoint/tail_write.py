@@ -1,0 +1,120 @@
+"""A partly copied snapshot's write (#54): started now, in a thread of its own, into a private
+folder; training waits only until its live part is written (`snapshot.ModelSnapshot.partial`),
+and the save job (the manager's `listener.Files`) takes the files once the copied tail is written.
+
+The write cannot wait for the uploader's thread, which may be busy uploading the previous
+checkpoint for minutes: training would wait for that upload too. So it runs in its own thread,
+beside the upload, into ``<staging>.writing``; the save job then moves the files into its
+staging folder (a bucket's run) or copies them, checksummed again, into the checkpoint's folder
+of a local run (nothing written through a link there: `WrittenFiles`). A job dropped unrun (a
+newer checkpoint replaced it) deletes the private folder once the thread is done.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+import weakref
+from collections.abc import Callable
+from pathlib import Path
+
+from resumable.core.manifest import FileEntry
+from resumable.manager import WrittenFiles
+
+COPY_CHUNK = 2**22
+
+
+class _State:
+    """What the thread and the finalizer share (never the `TailWrite` itself, so that a dropped
+    job can be collected while its thread runs)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.lock = threading.Lock()
+        self.done = threading.Event()
+        self.entries: dict[str, FileEntry] = {}
+        self.error: BaseException | None = None
+        self.abandoned = False
+        self.taken = False
+
+
+class TailWrite:
+    """``write(folder)`` run now in a thread, into ``folder``; `write` (the save job's) hands the
+    files on once it is done."""
+
+    def __init__(self, write: Callable[[Path], dict[str, FileEntry]], folder: Path) -> None:
+        shutil.rmtree(folder, ignore_errors=True)  # a killed process' leftovers
+        self._state = state = _State(folder)
+        self._thread = threading.Thread(target=_run, args=(write, state), name="resumable-tail-write",
+                                        daemon=True)
+        self._thread.start()
+        weakref.finalize(self, _abandon, state)
+
+    def join(self) -> None:
+        """Wait until the whole snapshot is written (or failed)."""
+        self._state.done.wait()
+
+    def write(self, folder: Path, root: str | None) -> dict[str, FileEntry]:
+        """The files, once written, into ``folder``: moved into a staging folder (``root`` None),
+        copied into a run's checkpoint folder (below ``root``); each one's size and CRC32C."""
+        state = self._state
+        state.done.wait()
+        if state.error is not None:
+            raise state.error
+        with state.lock:
+            state.taken = True
+        try:
+            if root is None:
+                return _move(state.folder, folder, state.entries)
+            return _copy(state.folder, folder, root, state.entries)
+        finally:
+            shutil.rmtree(state.folder, ignore_errors=True)
+
+
+def _run(write: Callable[[Path], dict[str, FileEntry]], state: _State) -> None:
+    try:
+        state.entries = write(state.folder)
+    except BaseException as e:  # raised to the save job by `TailWrite.write`
+        state.error = e
+    with state.lock:
+        state.done.set()
+        abandoned = state.abandoned
+    if abandoned:
+        shutil.rmtree(state.folder, ignore_errors=True)
+
+
+def _abandon(state: _State) -> None:
+    """The save job was dropped: its files go, now or when the thread ends."""
+    with state.lock:
+        state.abandoned = True
+        done = state.done.is_set()
+    if done and not state.taken:
+        shutil.rmtree(state.folder, ignore_errors=True)
+
+
+def _move(source: Path, folder: Path, entries: dict[str, FileEntry]) -> dict[str, FileEntry]:
+    """Into a staging folder on the same disk: renamed, the checksums as written."""
+    shutil.rmtree(folder, ignore_errors=True)
+    for rel in entries:
+        (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+        os.replace(source / rel, folder / rel)
+    return dict(entries)
+
+
+def _copy(source: Path, folder: Path, root: str, entries: dict[str, FileEntry]) -> dict[str, FileEntry]:
+    """Into the run folder: each file a new one, checksummed as it is copied, which must match."""
+    files = WrittenFiles(folder, root)
+    try:
+        for rel in entries:
+            with open(source / rel, "rb") as original, files.create(rel) as copy:
+                shutil.copyfileobj(original, copy, COPY_CHUNK)
+    finally:
+        files.close()
+    copied = files.entries
+    if copied != entries:
+        raise OSError(f"{folder}: the files copied from {source} differ from those written there")
+    return copied
+
+
+__all__ = ["TailWrite"]
