@@ -217,6 +217,59 @@ def test_a_snapshot_a_quarter_over_its_budget_copies_its_tail_and_writes_the_sam
             assert ours[name] == theirs[name], name
 
 
+@pytest.mark.lanes
+@pytest.mark.parametrize("weights_only", [True, False])
+@pytest.mark.parametrize("max_shard_size", [None, 2e-5])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_big_variable_is_written_in_slices_into_the_same_bytes(
+        tmp_path: Path, weights_only: bool, max_shard_size: float | None, dtype: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A live variable over SLICE_BYTES is read a slice of rows at a time, never whole."""
+    monkeypatch.setattr(snapshot, "SLICE_BYTES", 700)  # a 16x32 kernel (2 KB) is big here
+    model = trained()
+    if dtype == "bfloat16":
+        keras.backend.clear_session()
+        inputs = keras.Input((16,))
+        model = keras.Model(inputs, keras.layers.Dense(1, dtype="bfloat16")(
+            keras.layers.Dense(64, dtype="bfloat16")(inputs)))
+        model.compile(optimizer="adam", loss="mse")
+        model.optimizer.build(model.trainable_variables)
+    kwargs: dict[str, Any] = dict(weights_only=weights_only, state={"step": 1}, max_shard_size=max_shard_size)
+    copied = model_to_files.snapshot(model, **kwargs)
+    streamed = model_to_files.snapshot(model, **kwargs, budget=0)
+    assert copied is not None and streamed is not None
+    big = [v.value for v in streamed.values
+           if isinstance(v.value, snapshot.LiveValue) and v.value.slice_rows is not None]
+    assert big and all(v.nbytes > 700 for v in big)
+    reads: list[tuple[int, int]] = []
+    whole: list[snapshot.LiveValue] = []
+    read, array = snapshot.LiveValue.read, snapshot.LiveValue.__array__
+
+    def counted_read(self: snapshot.LiveValue, start: int, stop: int) -> np.ndarray:
+        reads.append((start, stop))
+        return read(self, start, stop)
+
+    def counted_array(self: snapshot.LiveValue, *args: Any, **kwargs: Any) -> np.ndarray:
+        whole.append(self)
+        return array(self, *args, **kwargs)
+
+    monkeypatch.setattr(snapshot.LiveValue, "read", counted_read)
+    monkeypatch.setattr(snapshot.LiveValue, "__array__", counted_array)
+    streamed.write(tmp_path / "streamed")
+    copied.write(tmp_path / "copied")
+    assert not {id(v) for v in whole} & {id(v) for v in big}  # no big one read whole
+    assert len(reads) > len(big) and max(stop - start for start, stop in reads) < 16  # of 16 or 64 rows
+    ours, theirs = file_bytes(tmp_path / "streamed"), file_bytes(tmp_path / "copied")
+    assert ours.keys() == theirs.keys()
+    for name in ours:
+        if name == snapshot.MODEL_FILE:
+            assert keras_members(ours[name]) == keras_members(theirs[name])
+        elif name == snapshot.METADATA_FILE:
+            assert undated(ours[name]) == undated(theirs[name])
+        else:
+            assert ours[name] == theirs[name], name
+
+
 def checkpoint_files(run: Path) -> dict[str, dict[str, Any]]:
     manifest = json.loads((run / "ckpt-000002" / "manifest.json").read_text())
     return dict(manifest["files"])

@@ -63,6 +63,7 @@ STATE_FILE = "state.json"
 ARRAYS_FILE = "arrays.npz"
 SPACE_MARGIN = 4 * 2**20  # bytes beyond the values: HDF5's and the zip's own records, state.json
 GIB = 2**30  # Keras' max_shard_size counts in these
+SLICE_BYTES = 64 * 2**20  # a live variable bigger than this is read and written in slices of about this
 
 
 @dataclass
@@ -277,27 +278,37 @@ class _Released:
 
 class LiveValue:
     """A variable recorded for a streamed snapshot: read to host memory when written
-    (``np.asarray``), each time afresh, and held no longer than its write."""
+    (``np.asarray``), each time afresh, and held no longer than its write. One over
+    `SLICE_BYTES` is read and written in slices of rows instead (``slice_rows``, `read`), so
+    that a save's host memory stays within its budget and one slice even for one big embedding."""
 
-    __slots__ = ("variable", "nbytes")
+    __slots__ = ("variable", "nbytes", "shape", "dtype", "slice_rows")
 
     def __init__(self, variable: keras.Variable) -> None:
         self.variable = variable
-        self.nbytes = int(np.prod(variable.shape, dtype=np.int64)) * _itemsize(variable.dtype)
+        self.shape = tuple(int(n) for n in variable.shape)
+        self.dtype = _numpy_dtype(variable.dtype)
+        self.nbytes = int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+        row = self.nbytes // self.shape[0] if self.shape and self.shape[0] else 0
+        self.slice_rows = max(1, SLICE_BYTES // row) if row and self.nbytes > SLICE_BYTES else None
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         array = _host_copy(self.variable)
         return array if dtype is None else array.astype(dtype, copy=False)
 
+    def read(self, start: int, stop: int) -> np.ndarray:
+        """Rows ``start:stop`` of the first axis, as a host array."""
+        return np.asarray(keras.ops.convert_to_numpy(self.variable.value[start:stop]), self.dtype)
 
-def _itemsize(dtype: Any) -> int:
+
+def _numpy_dtype(dtype: Any) -> np.dtype[Any]:
     name = keras.backend.standardize_dtype(dtype)
     try:
-        return np.dtype(name).itemsize
+        return np.dtype(name)
     except TypeError:  # bfloat16, float8_*: NumPy knows them through ml_dtypes, as Keras does
         import ml_dtypes
 
-        return np.dtype(getattr(ml_dtypes, name)).itemsize
+        return np.dtype(getattr(ml_dtypes, name))
 
 
 def _live_or_copy(value: Any) -> Any:
