@@ -76,6 +76,30 @@ def test_a_parent_cgroup_s_limit_binds_and_v2_is_read(tmp_path: Path) -> None:
     assert memory_left(root) == 2**30 + 2**29
 
 
+def test_a_v2_cgroup_s_own_limit_less_its_usage_and_reclaimable_files_is_the_room(tmp_path: Path) -> None:
+    """A Colab-like container on cgroup v2 (none can be made here: the tree is faked): the leaf's
+    memory.max, memory.current and memory.stat's inactive_file; the root cgroup has no files."""
+    root = fake_root(tmp_path, 64 * 2**20, "0::/docker/abc\n", {
+        "sys/fs/cgroup/docker/abc/memory.max": str(12 * 2**30),
+        "sys/fs/cgroup/docker/abc/memory.current": str(10 * 2**30),
+        "sys/fs/cgroup/docker/abc/memory.stat": f"anon {9 * 2**30}\nfile {2**30}\ninactive_file {2**29}\n",
+        "sys/fs/cgroup/docker/memory.max": "max",
+        "sys/fs/cgroup/docker/memory.current": str(10 * 2**30),
+    })
+    assert memory_left(root) == 2 * 2**30 + 2**29
+    assert SnapshotMemory().budget(root) == int((2 * 2**30 + 2**29) * AUTO_FRACTION)
+    # over its limit (usage counted before the kernel reclaims): no room, never a negative budget
+    (tmp_path / "sys/fs/cgroup/docker/abc/memory.current").write_text(str(13 * 2**30))
+    (tmp_path / "sys/fs/cgroup/docker/abc/memory.stat").write_text("inactive_file 0\n")
+    assert memory_left(root) == 0 and SnapshotMemory().budget(root) == 0
+    # the cgroup's room where the system has more available, the system's where it has less
+    (tmp_path / "sys/fs/cgroup/docker/abc/memory.current").write_text(str(2**30))
+    assert memory_left(root) == 11 * 2**30 and memory_left(fake_root(
+        tmp_path / "small", 2**20, "0::/docker/abc\n", {
+            "sys/fs/cgroup/docker/abc/memory.max": str(12 * 2**30),
+            "sys/fs/cgroup/docker/abc/memory.current": str(2**30)})) == 2**30
+
+
 def test_without_a_cgroup_limit_the_system_s_available_memory_counts(tmp_path: Path) -> None:
     root = fake_root(tmp_path, 4 * 2**20, "4:memory:/\n", {
         "sys/fs/cgroup/memory/memory.limit_in_bytes": str(2**63 - 4096),
