@@ -51,12 +51,13 @@ def fake_root(tmp_path: Path, meminfo_kb: int, cgroup_line: str, files: dict[str
     return tmp_path
 
 
-def test_the_memory_left_is_a_v1_cgroup_s_room_less_its_reclaimable_file_pages(tmp_path: Path) -> None:
+def test_the_memory_left_is_a_v1_cgroup_s_room_less_its_clean_reclaimable_file_pages(tmp_path: Path) -> None:
     group = "sys/fs/cgroup/memory/colab/kernel"
     root = fake_root(tmp_path, 8 * 2**20, "4:memory:/colab/kernel\n0::/\n", {
         f"{group}/memory.limit_in_bytes": str(3 * 2**30),
         f"{group}/memory.usage_in_bytes": str(2 * 2**30),
-        f"{group}/memory.stat": f"cache 1\ntotal_inactive_file {2**28}\n",
+        f"{group}/memory.stat": f"cache 1\ntotal_inactive_file {2**28 + 2**20}\ntotal_dirty {2**19}\n"
+                                f"total_writeback {2**19}\n",  # dirty pages wait for the disk: used
         "sys/fs/cgroup/memory/colab/memory.limit_in_bytes": str(2**63 - 4096),  # no limit
         "sys/fs/cgroup/memory/colab/memory.usage_in_bytes": str(5 * 2**30),
     })
@@ -76,18 +77,21 @@ def test_a_parent_cgroup_s_limit_binds_and_v2_is_read(tmp_path: Path) -> None:
     assert memory_left(root) == 2**30 + 2**29
 
 
-def test_a_v2_cgroup_s_own_limit_less_its_usage_and_reclaimable_files_is_the_room(tmp_path: Path) -> None:
+def test_a_v2_cgroup_s_own_limit_less_its_usage_and_clean_reclaimable_files_is_the_room(
+        tmp_path: Path) -> None:
     """A Colab-like container on cgroup v2 (none can be made here: the tree is faked): the leaf's
-    memory.max, memory.current and memory.stat's inactive_file; the root cgroup has no files."""
+    memory.max less memory.current, memory.stat's inactive_file not counted as used but for its
+    dirty pages (file_dirty, file_writeback); the root cgroup has no files."""
     root = fake_root(tmp_path, 64 * 2**20, "0::/docker/abc\n", {
         "sys/fs/cgroup/docker/abc/memory.max": str(12 * 2**30),
         "sys/fs/cgroup/docker/abc/memory.current": str(10 * 2**30),
-        "sys/fs/cgroup/docker/abc/memory.stat": f"anon {9 * 2**30}\nfile {2**30}\ninactive_file {2**29}\n",
+        "sys/fs/cgroup/docker/abc/memory.stat": f"anon {9 * 2**30}\nfile {2**30}\ninactive_file {2**29}\n"
+                                                f"file_dirty {2**28}\nfile_writeback 0\n",
         "sys/fs/cgroup/docker/memory.max": "max",
         "sys/fs/cgroup/docker/memory.current": str(10 * 2**30),
     })
-    assert memory_left(root) == 2 * 2**30 + 2**29
-    assert SnapshotMemory().budget(root) == int((2 * 2**30 + 2**29) * AUTO_FRACTION)
+    assert memory_left(root) == 2 * 2**30 + 2**28
+    assert SnapshotMemory().budget(root) == int((2 * 2**30 + 2**28) * AUTO_FRACTION)
     # over its limit (usage counted before the kernel reclaims): no room, never a negative budget
     (tmp_path / "sys/fs/cgroup/docker/abc/memory.current").write_text(str(13 * 2**30))
     (tmp_path / "sys/fs/cgroup/docker/abc/memory.stat").write_text("inactive_file 0\n")
@@ -98,6 +102,38 @@ def test_a_v2_cgroup_s_own_limit_less_its_usage_and_reclaimable_files_is_the_roo
         tmp_path / "small", 2**20, "0::/docker/abc\n", {
             "sys/fs/cgroup/docker/abc/memory.max": str(12 * 2**30),
             "sys/fs/cgroup/docker/abc/memory.current": str(2**30)})) == 2**30
+
+
+def test_a_cgroup_s_peak_and_the_process_peak_leave_room_for_training_to_get_back_there(
+        tmp_path: Path) -> None:
+    """Between two steps training is below its peak: the cgroup's peak usage (v1
+    memory.max_usage_in_bytes, v2 memory.peak) bounds its room, and the process' resident set's
+    peak over its current one (VmHWM - VmRSS) is kept free too."""
+    group = "sys/fs/cgroup/memory/kernel"
+    root = fake_root(tmp_path, 64 * 2**20, "4:memory:/kernel\n", {
+        f"{group}/memory.limit_in_bytes": str(4 * 2**30),
+        f"{group}/memory.usage_in_bytes": str(2**30),
+        f"{group}/memory.max_usage_in_bytes": str(3 * 2**30),
+    })
+    assert memory_left(root) == 2**30
+    (tmp_path / "proc/self/status").write_text("Name:\tpython\nVmHWM:\t  524288 kB\nVmRSS:\t  262144 kB\n")
+    assert memory_left(root) == 2**30 - 2**28
+    v2 = fake_root(tmp_path / "v2", 64 * 2**20, "0::/k\n", {
+        "sys/fs/cgroup/k/memory.max": str(4 * 2**30), "sys/fs/cgroup/k/memory.current": str(2**30),
+        "sys/fs/cgroup/k/memory.peak": str(2**31)})
+    assert memory_left(v2) == 2 * 2**30
+
+
+def test_auto_copies_all_or_nothing_a_number_copies_what_fits() -> None:
+    assert not SnapshotMemory("auto").copies_part
+    assert SnapshotMemory(0).copies_part and SnapshotMemory(2**30).copies_part
+    model = trained()
+    whole = model_to_files.snapshot(model, weights_only=True, state={})
+    assert whole is not None
+    for copy_part in (True, False):
+        taken = model_to_files.snapshot(model, weights_only=True, state={}, budget=whole.nbytes // 2,
+                                        copy_part=copy_part)
+        assert taken is not None and taken.streamed and taken.partial == copy_part
 
 
 def test_without_a_cgroup_limit_the_system_s_available_memory_counts(tmp_path: Path) -> None:

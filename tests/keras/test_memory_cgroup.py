@@ -137,6 +137,12 @@ def test_saves_fit_where_plain_training_has_a_quarter_checkpoint_to_spare(tmp_pa
     assert code == 0, out
     assert digest(out) == expected
 
+    # A budget the user set copies what fits: 0.15x here, written in the background
+    code, out = limited("resume", str(tmp_path / "part"), "--snapshot-memory",
+                        str(int(found.group(1)) * 15 // 100))
+    assert code == 0, out
+    assert digest(out) == expected
+
     code, out = limited("dropin", str(tmp_path / "dropin"))
     assert code == 0, out
     assert (tmp_path / "dropin" / "model.weights.h5").is_file()

@@ -139,7 +139,8 @@ class CheckpointBuilder:
             with self.manager.writer.uploader.paused():
                 taken = model_to_files.snapshot(model, weights_only=self.options.save_weights_only,
                                                 state=state, arrays=arrays,
-                                                max_shard_size=self.options.max_shard_size, budget=budget)
+                                                max_shard_size=self.options.max_shard_size, budget=budget,
+                                                copy_part=self.options.snapshot_memory.copies_part)
         files: SnapshotFiles | tail_write.TailWrite | None = (
             SnapshotFiles(taken, name, self) if taken is not None else None)
         payload: str | None

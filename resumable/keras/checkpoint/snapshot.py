@@ -192,12 +192,13 @@ def _add_folder(archive: zipfile.ZipFile, folder: Path, name: str) -> None:
 
 def take(model: keras.Model, *, weights_only: bool, state: dict[str, Any],
          arrays: dict[str, np.ndarray], max_shard_size: float | None = None,
-         budget: int | None = None) -> ModelSnapshot | None:
+         budget: int | None = None, copy_part: bool = True) -> ModelSnapshot | None:
     """Copy what a checkpoint of ``model`` holds into host memory; None without Keras' internals.
 
     ``budget``: the bytes the copy may take (None: no limit). Over it, only the variables that fit,
-    counted from the end of the save order, are copied: the snapshot is ``streamed``, its live
-    part to be written at once, while training waits (`ModelSnapshot.live_written`).
+    counted from the end of the save order, are copied (none without ``copy_part``): the
+    snapshot is ``streamed``, its live part to be written at once, while training waits
+    (`ModelSnapshot.live_written`).
     """
     assets = None if weights_only else Path(tempfile.mkdtemp(prefix="resumable-assets-"))
     try:
@@ -212,7 +213,7 @@ def take(model: keras.Model, *, weights_only: bool, state: dict[str, Any],
         if not streamed:
             values = [v._replace(value=_host_copy(v.value.variable)) if isinstance(v.value, LiveValue) else v
                       for v in values]
-        else:
+        elif copy_part:
             assert budget is not None
             values, copied_bytes = _copy_tail(values, budget - held + _live_bytes(values), live_written)
         model_json = None if weights_only else compat.model_json(model)

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from resumable.core.manifest import FileEntry
-from resumable.manager import WrittenFiles
+from resumable.manager import WrittenFiles, give_heap_back
 
 COPY_CHUNK = 2**22
 
@@ -29,8 +29,9 @@ class _State:
     """What the thread and the finalizer share (never the `TailWrite` itself, so that a dropped
     job can be collected while its thread runs)."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, write: Callable[[Path], dict[str, FileEntry]]) -> None:
         self.folder = folder
+        self.write: Callable[[Path], dict[str, FileEntry]] | None = write  # dropped once run
         self.lock = threading.Lock()
         self.done = threading.Event()
         self.entries: dict[str, FileEntry] = {}
@@ -45,9 +46,8 @@ class TailWrite:
 
     def __init__(self, write: Callable[[Path], dict[str, FileEntry]], folder: Path) -> None:
         shutil.rmtree(folder, ignore_errors=True)  # a killed process' leftovers
-        self._state = state = _State(folder)
-        self._thread = threading.Thread(target=_run, args=(write, state), name="resumable-tail-write",
-                                        daemon=True)
+        self._state = state = _State(folder, write)
+        self._thread = threading.Thread(target=_run, args=(state,), name="resumable-tail-write", daemon=True)
         self._thread.start()
         weakref.finalize(self, _abandon, state)
 
@@ -72,11 +72,17 @@ class TailWrite:
             shutil.rmtree(state.folder, ignore_errors=True)
 
 
-def _run(write: Callable[[Path], dict[str, FileEntry]], state: _State) -> None:
+def _run(state: _State) -> None:
+    write, state.write = state.write, None
+    assert write is not None
     try:
         state.entries = write(state.folder)
     except BaseException as e:  # raised to the save job by `TailWrite.write`
         state.error = e
+    # The snapshot goes now, and the heap it leaves behind with it: the copies, and on
+    # TensorFlow the buffers its views kept from the variables' copy on write
+    del write
+    give_heap_back()
     with state.lock:
         state.done.set()
         abandoned = state.abandoned
