@@ -1,16 +1,17 @@
 """How much host memory a save may hold beyond what training holds (#54): the ``snapshot_memory``
 argument, and the memory left to the process when a save starts.
 
-A save within its budget is copied to host memory and written in the background, as always; one
-over it is written while training waits, one variable at a time (`snapshot.take`), so that a VM
-with little memory to spare never kills training at a save where Keras' own ``save_weights``
-fits. ``"auto"`` (the default) allows `AUTO_FRACTION` of the memory left when the save starts:
-the memory cgroup's limit less its usage where the process runs in one (a container, a Colab
-runtime; its clean inactive file pages counted as free), never more than the system's
-``MemAvailable``, less how far the process' resident set has been above where it is now
-(training between two steps is below its own peak, and gets back there while a copy is held).
-Where neither can be read (not Linux),
-"auto" sets no budget: every save is copied, as before.
+A save within its budget is copied to host memory and written in the background, as always. Over
+a budget of a number of bytes, the variables that fit are copied and the rest is written while
+training waits, one variable (or slice) at a time (`snapshot.take`), so that a VM with little
+memory to spare never kills training at a save where Keras' own ``save_weights`` fits.
+``"auto"`` (the default) allows `AUTO_FRACTION` of the memory left when the save starts, all
+or nothing: the memory cgroup's limit less its usage (and its peak usage) where the process runs
+in one (a container, a Colab runtime; its clean inactive file pages counted as free), never
+more than the system's ``MemAvailable``, less how far the process' resident set has been above
+where it is now (training between two steps is below its own peak, and gets back there while a
+copy is held). Where neither can be read (not Linux), "auto" sets no budget: every save is
+copied, as before.
 """
 
 from __future__ import annotations
@@ -33,9 +34,9 @@ class SnapshotMemory:
     """The ``snapshot_memory`` argument: bytes a save may copy to host memory, or ``"auto"``.
 
     Args:
-        setting: An int >= 0 (0: every save is written while training waits, one variable at a
-            time), or ``"auto"``: half the memory left to the process when the save starts.
-            Defaults to "auto".
+        setting: An int >= 0 (what fits is copied, the rest written while training waits, one
+            variable at a time; 0: every save), or ``"auto"``: half the memory left to the
+            process when the save starts, all or nothing. Defaults to "auto".
     """
 
     setting: int | str = AUTO
