@@ -440,3 +440,44 @@ def test_a_run_to_a_bucket_within_a_quarter_budget_commits_the_same_checksums_an
             np.testing.assert_array_equal(keras.ops.convert_to_numpy(a), keras.ops.convert_to_numpy(b))
     assert manifests["auto"] == manifests[whole.nbytes // 4]
     assert moved and set(moved) == {None}  # into staging, then uploaded
+
+
+def test_a_tail_write_hands_its_files_on_again_for_a_retry_and_leaves_nothing(tmp_path: Path) -> None:
+    """A commit in place that failed after its files (the manifest) is retried with them; a
+    staged one moves them; either way the private folder goes with the save job."""
+    import gc
+    import shutil
+
+    from resumable.keras.checkpoint import tail_write
+    from resumable.manager import WrittenFiles
+
+    def write(folder: Path) -> dict[str, Any]:
+        files = WrittenFiles(folder)
+        files.write_bytes("model.weights.h5", b"w" * 1000)
+        files.write_bytes("assets/vocab.txt", b"a b c")
+        files.close()
+        return files.entries
+
+    staging = tmp_path / "staging" / "ckpt-000001"
+    run = tmp_path / "run"
+    run.mkdir()
+    pending = tail_write.TailWrite(write, staging)
+    pending.join()
+    private = [p for p in staging.parent.iterdir() if p.name.startswith("ckpt-000001.writing-")]
+    assert len(private) == 1
+    first = pending.write(run / "ckpt-000001", str(run))
+    shutil.rmtree(run / "ckpt-000001")  # the commit failed after the files: retried
+    assert pending.write(run / "ckpt-000001", str(run)) == first
+    assert (run / "ckpt-000001/assets/vocab.txt").read_bytes() == b"a b c"
+    del pending
+    gc.collect()
+    assert not private[0].exists()
+    moved = tail_write.TailWrite(write, staging)
+    assert moved.write(staging, None) == first and (staging / "model.weights.h5").stat().st_size == 1000
+    assert sorted(p.name for p in staging.parent.iterdir()) == ["ckpt-000001"]
+
+    def fails(folder: Path) -> dict[str, Any]:
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(OSError, match="No space"):
+        tail_write.TailWrite(fails, staging).write(staging, None)

@@ -206,7 +206,7 @@ class CheckpointBuilder:
         with self.manager.writer.uploader.paused():
             files = SnapshotFiles(taken, name, self)
             writing = tail_write.TailWrite(lambda folder: files.write(folder, None),
-                                           staging.with_name(f"{staging.name}.writing"))
+                                           staging)
             taken.live_written.wait()
         logger.info("resumable: %s over its memory budget: %d bytes written while training waited "
                     "(%.2f s), %d copied to write in the background", name, taken.nbytes - taken.copied_bytes,

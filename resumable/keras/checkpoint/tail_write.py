@@ -4,16 +4,18 @@ and the save job (the manager's `listener.Files`) takes the files once the copie
 
 The write cannot wait for the uploader's thread, which may be busy uploading the previous
 checkpoint for minutes: training would wait for that upload too. So it runs in its own thread,
-beside the upload, into ``<staging>.writing``; the save job then moves the files into its
+beside the upload, into a new ``<staging>.writing-*`` folder; the save job then moves the files into its
 staging folder (a bucket's run) or copies them, checksummed again, into the checkpoint's folder
-of a local run (nothing written through a link there: `WrittenFiles`). A job dropped unrun (a
-newer checkpoint replaced it) deletes the private folder once the thread is done.
+of a local run (nothing written through a link there: `WrittenFiles`). The private folder goes
+with the save job (committed, or dropped unrun when a newer checkpoint replaced it), once the
+thread is done.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 import threading
 import weakref
 from collections.abc import Callable
@@ -37,15 +39,17 @@ class _State:
         self.entries: dict[str, FileEntry] = {}
         self.error: BaseException | None = None
         self.abandoned = False
-        self.taken = False
 
 
 class TailWrite:
-    """``write(folder)`` run now in a thread, into ``folder``; `write` (the save job's) hands the
-    files on once it is done."""
+    """``write(folder)`` run now in a thread, into a new folder beside ``beside``; `write` (the
+    save job's) hands the files on once it is done."""
 
-    def __init__(self, write: Callable[[Path], dict[str, FileEntry]], folder: Path) -> None:
-        shutil.rmtree(folder, ignore_errors=True)  # a killed process' leftovers
+    def __init__(self, write: Callable[[Path], dict[str, FileEntry]], beside: Path) -> None:
+        # A folder of its own beside ``beside``: an earlier save of the same name may not be
+        # collected yet, and its private folder goes when it is
+        beside.parent.mkdir(parents=True, exist_ok=True)
+        folder = Path(tempfile.mkdtemp(prefix=f"{beside.name}.writing-", dir=beside.parent))
         self._state = state = _State(folder, write)
         self._thread = threading.Thread(target=_run, args=(state,), name="resumable-tail-write", daemon=True)
         self._thread.start()
@@ -62,14 +66,13 @@ class TailWrite:
         state.done.wait()
         if state.error is not None:
             raise state.error
-        with state.lock:
-            state.taken = True
-        try:
-            if root is None:
-                return _move(state.folder, folder, state.entries)
-            return _copy(state.folder, folder, root, state.entries)
-        finally:
+        if root is None:  # a staged commit writes its files once: they move
+            entries = _move(state.folder, folder, state.entries)
             shutil.rmtree(state.folder, ignore_errors=True)
+            return entries
+        # A commit in place that fails after this (its manifest) is retried with these files:
+        # the private copy goes with this object (`_abandon`)
+        return _copy(state.folder, folder, root, state.entries)
 
 
 def _run(state: _State) -> None:
@@ -91,11 +94,12 @@ def _run(state: _State) -> None:
 
 
 def _abandon(state: _State) -> None:
-    """The save job was dropped: its files go, now or when the thread ends."""
+    """The save job is gone (committed, or dropped unrun): the private files go, now or when
+    the thread ends."""
     with state.lock:
         state.abandoned = True
         done = state.done.is_set()
-    if done and not state.taken:
+    if done:
         shutil.rmtree(state.folder, ignore_errors=True)
 
 
