@@ -44,6 +44,7 @@ def main() -> int:
     if args.copying_reads:
         shared = snapshot._host_copy
         snapshot._host_copy = lambda value: np.array(shared(value), copy=True)
+        snapshot.whole_read_is_free = lambda variable: False
     slices = []
     read = snapshot.LiveValue.read
 

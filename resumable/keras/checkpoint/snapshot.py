@@ -63,7 +63,7 @@ STATE_FILE = "state.json"
 ARRAYS_FILE = "arrays.npz"
 SPACE_MARGIN = 4 * 2**20  # bytes beyond the values: HDF5's and the zip's own records, state.json
 GIB = 2**30  # Keras' max_shard_size counts in these
-SLICE_BYTES = 64 * 2**20  # a live variable bigger than this is read and written in slices of about this
+SLICE_BYTES = 16 * 2**20  # a live variable bigger than this is read and written in slices of about this
 
 
 @dataclass
@@ -280,8 +280,9 @@ class _Released:
 class LiveValue:
     """A variable recorded for a streamed snapshot: read to host memory when written
     (``np.asarray``), each time afresh, and held no longer than its write. One over
-    `SLICE_BYTES` is read and written in slices of rows instead (``slice_rows``, `read`), so
-    that a save's host memory stays within its budget and one slice even for one big embedding."""
+    `SLICE_BYTES` whose whole read would be a copy (a GPU's, a TPU's, torch's) is read and
+    written in slices of rows instead (``slice_rows``, `read`), so that a save's host memory
+    stays within its budget and one slice even for one big embedding."""
 
     __slots__ = ("variable", "nbytes", "shape", "dtype", "slice_rows")
 
@@ -291,7 +292,8 @@ class LiveValue:
         self.dtype = _numpy_dtype(variable.dtype)
         self.nbytes = int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
         row = self.nbytes // self.shape[0] if self.shape and self.shape[0] else 0
-        self.slice_rows = max(1, SLICE_BYTES // row) if row and self.nbytes > SLICE_BYTES else None
+        sliced = row and self.nbytes > SLICE_BYTES and not whole_read_is_free(variable)
+        self.slice_rows = max(1, SLICE_BYTES // row) if sliced else None
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         array = _host_copy(self.variable)
@@ -300,6 +302,20 @@ class LiveValue:
     def read(self, start: int, stop: int) -> np.ndarray:
         """Rows ``start:stop`` of the first axis, as a host array."""
         return np.asarray(keras.ops.convert_to_numpy(self.variable.value[start:stop]), self.dtype)
+
+
+def whole_read_is_free(variable: keras.Variable) -> bool:
+    """Whether reading the whole variable to the host copies nothing: a TensorFlow or JAX
+    variable on the CPU, which `_host_copy` views (slices would copy). A GPU's or TPU's, or
+    torch's, is read in slices."""
+    backend = keras.backend.backend()
+    value = variable.value
+    if backend == "tensorflow":
+        return "CPU" in str(getattr(value, "device", "")).upper()
+    if backend == "jax":
+        devices = getattr(value, "devices", None)
+        return callable(devices) and all(d.platform == "cpu" for d in devices())
+    return False
 
 
 def _numpy_dtype(dtype: Any) -> np.dtype[Any]:
