@@ -309,12 +309,15 @@ def whole_read_is_free(variable: keras.Variable) -> bool:
     variable on the CPU, which `_host_copy` views (slices would copy). A GPU's or TPU's, or
     torch's, is read in slices."""
     backend = keras.backend.backend()
-    value = variable.value
-    if backend == "tensorflow":
-        return "CPU" in str(getattr(value, "device", "")).upper()
-    if backend == "jax":
-        devices = getattr(value, "devices", None)
-        return callable(devices) and all(d.platform == "cpu" for d in devices())
+    try:
+        value = variable.value
+        if backend == "tensorflow":
+            return "CPU" in str(getattr(value, "device", "")).upper()
+        if backend == "jax":
+            devices = getattr(value, "devices", None)
+            return callable(devices) and all(d.platform == "cpu" for d in devices())
+    except Exception:  # noqa: BLE001 - a value that cannot say where it lives (a distributed one): sliced
+        return False
     return False
 
 
