@@ -12,7 +12,7 @@ weights, on TensorFlow and on JAX (one process per backend):
 - ``resumable-gcs``: the same to ``gs://`` on fake-gcs-server
 - ``resumable-budget-F``: ``resumable`` with ``snapshot_memory`` F x the checkpoint (its variables'
   bytes, + 1 MiB for the training state), F = 0, 0.25, 1 (#54): what a save over its memory
-  budget costs, written while training waits, one variable at a time
+  budget costs: what fits copied, the rest written while training waits, one variable at a time
 - ``resumable-tier``, ``resumable-gcs-tier``: ``resumable`` and ``resumable-gcs`` with a local tier
   (#55) in a local folder, saved every ``--steps // 2`` steps: one more save per epoch, mid-epoch
   (the epoch end is the durable tier's)

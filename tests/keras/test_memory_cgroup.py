@@ -8,7 +8,9 @@ with the limit at that peak + 0.25x the checkpoint (weights and Adam's moments, 
 save copied whole to host memory is killed there (the control: the test can fail); with the
 default ``snapshot_memory="auto"``, resume() + run.fit (weights-only and ``.keras``) and
 ``resumable.ModelCheckpoint`` finish, and a run killed mid-way resumes to the same bits as
-the plain fit. Runs as root where a memory cgroup can be made (v1 or v2); skipped otherwise.
+the plain fit, and a budget the user set (0.15x) copies part of each save and finishes. On
+TensorFlow and JAX (each job a process of its own; torch is not installed here). Runs as root
+where a memory cgroup can be made (v1 or v2); skipped otherwise.
 """
 
 from __future__ import annotations
@@ -91,9 +93,9 @@ def cgroup(limit: int | None) -> Iterator[MemoryCgroup]:
         made.remove()
 
 
-def job(group: MemoryCgroup, *argv: str) -> tuple[int, str]:
-    done = run_job(JOB, [*argv, "--cgroup", str(group.path)], env=job_env("tensorflow"), cwd=JOBS,
-                   timeout=300)
+def job(group: MemoryCgroup, *argv: str, backend: str = "tensorflow") -> tuple[int, str]:
+    done = run_job(JOB, [*argv, "--cgroup", str(group.path)], env=job_env(backend, JAX_PLATFORMS="cpu"),
+                   cwd=JOBS, timeout=300)
     return done.returncode, done.stdout + done.stderr[-3000:]
 
 
@@ -103,12 +105,14 @@ def digest(out: str) -> str:
     return found.group(1)
 
 
-def test_saves_fit_where_plain_training_has_a_quarter_checkpoint_to_spare(tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", ["tensorflow", "jax"])
+def test_saves_fit_where_plain_training_has_a_quarter_checkpoint_to_spare(tmp_path: Path,
+                                                                           backend: str) -> None:
     why = cgroups_unavailable()
     if why is not None:
         pytest.skip(why)
     with cgroup(None) as plain:
-        code, out = job(plain, "plain", str(tmp_path / "plain"))
+        code, out = job(plain, "plain", str(tmp_path / "plain"), backend=backend)
         assert code == 0, out
         plain_peak = plain.peak()
     found = re.search(r"CHECKPOINT bytes=(\d+)", out)
@@ -118,7 +122,7 @@ def test_saves_fit_where_plain_training_has_a_quarter_checkpoint_to_spare(tmp_pa
 
     def limited(*argv: str) -> tuple[int, str]:
         with cgroup(limit) as group:
-            return job(group, *argv)
+            return job(group, *argv, backend=backend)
 
     # The control: a save copied whole (a budget of 4 GB) does not fit.
     code, out = limited("resume", str(tmp_path / "copied"), "--weights-only",
@@ -134,6 +138,12 @@ def test_saves_fit_where_plain_training_has_a_quarter_checkpoint_to_spare(tmp_pa
     assert digest(out) == expected  # killed, resumed: the bits of an unbroken model.fit
 
     code, out = limited("resume", str(tmp_path / "keras"))
+    assert code == 0, out
+    assert digest(out) == expected
+
+    # A budget the user set copies what fits: 0.15x here, written in the background
+    code, out = limited("resume", str(tmp_path / "part"), "--snapshot-memory",
+                        str(int(found.group(1)) * 15 // 100))
     assert code == 0, out
     assert digest(out) == expected
 

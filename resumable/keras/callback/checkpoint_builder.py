@@ -6,9 +6,11 @@ Training waits only for a copy of the values into host memory; the files are wri
 upload, in the background (`model_to_files.snapshot`, written by `write_staged` in the uploader's
 thread). Without Keras' internals for that, the model is serialized at once as before; so is a
 trainable-only checkpoint, whose megabytes take less time to write than to hold. A checkpoint
-over the save's memory budget (``snapshot_memory``, #54) is written into staging at once, one
-variable at a time, and uploaded (or, in a local run, copied into the run folder) in the
-background. A full disk is one warning and training goes on.
+over the save's memory budget (``snapshot_memory``, #54) is copied only in part: its live part
+is written at once, one variable at a time, while training waits, and the copied tail after it
+in a thread of its own (`tail_write`); nothing copied, it is written into staging at once. Either
+is uploaded (or, in a local run, copied into the run folder) in the background. A full disk is
+one warning and training goes on.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from resumable.keras.checkpoint import (
     model_to_files,
     snapshot,
     state_file,
+    tail_write,
     trainable,
     training_state,
     user_state,
@@ -143,9 +146,17 @@ class CheckpointBuilder:
             with self.manager.writer.uploader.paused():
                 taken = model_to_files.snapshot(model, weights_only=self.options.save_weights_only,
                                                 state=state, arrays=arrays,
-                                                max_shard_size=self.options.max_shard_size, budget=budget)
-        files = SnapshotFiles(taken, name, self) if taken is not None else None
-        if isinstance(taken, snapshot.ModelSnapshot) and taken.streamed:
+                                                max_shard_size=self.options.max_shard_size, budget=budget,
+                                                copy_part=self.options.snapshot_memory.copies_part)
+        files: SnapshotFiles | tail_write.TailWrite | None = (
+            SnapshotFiles(taken, name, self) if taken is not None else None)
+        payload: str | None
+        if isinstance(taken, snapshot.ModelSnapshot) and taken.partial:
+            files = self._write_partly(taken, staging, name)
+            if files is None:
+                return
+            payload = taken.payload
+        elif isinstance(taken, snapshot.ModelSnapshot) and taken.streamed:
             payload = self._write_streamed(taken, staging, name)
             files = None  # on disk in staging: committed like files Keras wrote there (commits.Staged)
         elif taken is not None:
@@ -190,6 +201,25 @@ class CheckpointBuilder:
         logger.info("resumable: %s over its memory budget (%d bytes): written while training waited, "
                     "%.2f s", name, taken.nbytes, time.monotonic() - started)
         return taken.payload
+
+    def _write_partly(self, taken: snapshot.ModelSnapshot, staging: Path,
+                      name: str) -> tail_write.TailWrite | None:
+        """A snapshot copied in part (#54): its write started beside ``staging``, waited for until
+        its live part is written; the files for the save job, or None (warned) when the disk is full."""
+        self.manager.writer.uploader.drop_cached()  # written beside staging now: the old copy goes first
+        if not taken.fits_in(staging):
+            self._no_room(name, self.manager.staging_dir)
+            return None
+        started = time.monotonic()
+        with self.manager.writer.uploader.paused():
+            files = SnapshotFiles(taken, name, self)
+            writing = tail_write.TailWrite(lambda folder: files.write(folder, None),
+                                           staging)
+            taken.live_written.wait()
+        logger.info("resumable: %s over its memory budget: %d bytes written while training waited "
+                    "(%.2f s), %d copied to write in the background", name, taken.nbytes - taken.copied_bytes,
+                    time.monotonic() - started, taken.copied_bytes)
+        return writing
 
     def _serialize(self, model: keras.Model, staging: Path, name: str, state: dict[str, Any],
                    arrays: dict[str, Any]) -> str | None:

@@ -73,9 +73,10 @@ class CheckpointCallback(CarriedRun, OptionAttributes, keras.callbacks.Callback)
         snapshot_memory: The host memory a save may take beyond training's, in bytes, or
             ``"auto"``: half the memory left to the process (its memory cgroup's limit, else
             the system's available memory) when the save starts. A checkpoint that fits is
-            copied and written in the background; a bigger one is written while training
-            waits, one variable at a time (the same files). 0 always writes while training
-            waits. Defaults to "auto".
+            copied and written in the background; of a bigger one, what fits a number of
+            bytes is copied ("auto": nothing) and the rest written while training waits, one
+            variable at a time (the same files). 0 always writes while training waits.
+            Defaults to "auto".
         save_freq: ``"epoch"`` to save at the end of every epoch, or an int N to also save
             every N batches (mid-epoch checkpoints, at optimizer steps that are multiples of N).
             Defaults to ``"epoch"``.

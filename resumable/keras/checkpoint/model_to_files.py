@@ -106,18 +106,20 @@ def _all_arrays(model: keras.Model, arrays: dict[str, np.ndarray] | None) -> dic
 
 def snapshot(model: keras.Model, *, weights_only: bool, state: dict[str, Any],
              arrays: dict[str, np.ndarray] | None = None, max_shard_size: float | None = None,
-             budget: int | None = None) -> ModelSnapshot | None:
+             budget: int | None = None, copy_part: bool = True) -> ModelSnapshot | None:
     """What `save` writes, copied into host memory now, to be written later (`ModelSnapshot.write`).
 
     Training waits only for this copy; None on a Keras without the internals it needs. Over
-    ``budget`` bytes (#54) nothing is copied: the snapshot is streamed, to be written at once.
+    ``budget`` bytes (#54) what fits is copied (with ``copy_part``; else nothing), the rest
+    streamed: written at once (`snapshot.take`).
     """
     _check_whole_arrays(model)
     # Copies: a JAX step may donate the buffers these arrays view (seed generators, metrics).
     arrays = {key: np.array(value, copy=True) for key, value in _all_arrays(model, arrays).items()}
     with no_tensorflow_import(), _no_distribution():
         return take_snapshot(model, weights_only=weights_only, state=checkpoint_state(model, state),
-                             arrays=arrays, max_shard_size=max_shard_size, budget=budget)
+                             arrays=arrays, max_shard_size=max_shard_size, budget=budget,
+                             copy_part=copy_part)
 
 
 def checkpoint_state(model: keras.Model, state: dict[str, Any]) -> dict[str, Any]:

@@ -17,10 +17,14 @@ checksum, moved concurrently with the others and loaded one at a time.
 Each file is written once, where it stays, and checksummed (CRC32C) as it is written: `write`
 hands back each file's size and checksum for the manifest, and nothing is read back.
 
-A save has a memory budget (#54, `memory_budget`): a checkpoint over it is not copied. Its
-values stay references to the live variables (`LiveValue`), each read to host memory only as
-`write` reaches it and let go once written, and training waits for that write (``streamed``):
-never more than one variable's copy held at a time, the same files byte for byte.
+A save has a memory budget (#54, `memory_budget`): a checkpoint over it is copied only in
+part. The variables that fit the budget, counted from the end of the save order, are copied;
+the others stay references to the live variables (`LiveValue`), each read to host memory only
+as `write` reaches it and let go once written (``streamed``). `write` writes in save order, so
+training waits only until the live part is written (``live_written``); the copied tail is
+written after it while training goes on. Never more than one variable's copy held at a time
+beyond the budget (a slice of it, for a big one: `compat.write_weights`), the same files byte
+for byte.
 
 On a Keras without the internals this needs (`compat.saved_values`), `take` returns None and
 the caller serializes the usual way.
@@ -33,6 +37,7 @@ import json
 import re
 import shutil
 import tempfile
+import threading
 import weakref
 import zipfile
 from dataclasses import dataclass, field
@@ -58,6 +63,7 @@ STATE_FILE = "state.json"
 ARRAYS_FILE = "arrays.npz"
 SPACE_MARGIN = 4 * 2**20  # bytes beyond the values: HDF5's and the zip's own records, state.json
 GIB = 2**30  # Keras' max_shard_size counts in these
+SLICE_BYTES = 16 * 2**20  # a live variable bigger than this is read and written in slices of about this
 
 
 @dataclass
@@ -71,6 +77,13 @@ class ModelSnapshot:
     assets: Path | None = None  # a temporary folder of the model's assets, if it has any
     max_shard_size: float | None = None  # GiB; weights over this are written in shards
     streamed: bool = False  # over its memory budget: values read as written, while training waits
+    copied_bytes: int = 0  # of a streamed snapshot: the variables copied (a tail of the save order)
+    live_written: threading.Event = field(default_factory=threading.Event)  # set once the live part is
+
+    @property
+    def partial(self) -> bool:
+        """Streamed, with a tail copied: training waits for the live part of `write` only."""
+        return self.streamed and self.copied_bytes > 0
 
     @property
     def sharded(self) -> bool:
@@ -112,10 +125,10 @@ class ModelSnapshot:
         written when the disk cannot hold them: HDF5 can crash the process when it closes a
         file whose writes failed for want of space.
         """
-        if not self.fits_in(folder):
-            raise OSError(errno.ENOSPC, f"{self.space_needed:,} bytes needed", str(folder))
         files = WrittenFiles(folder, root)
         try:
+            if not self.fits_in(folder):
+                raise OSError(errno.ENOSPC, f"{self.space_needed:,} bytes needed", str(folder))
             if self.sharded:
                 self._write_shards(files, folder)
             elif self.model_json is None:
@@ -130,6 +143,7 @@ class ModelSnapshot:
                     np.savez(arrays, **self.arrays)  # type: ignore[arg-type]
         finally:
             files.close()
+            self.live_written.set()  # written or failed: whoever waits for the live part goes on
         return files.entries
 
     def _write_shards(self, files: WrittenFiles, folder: Path) -> None:
@@ -178,11 +192,13 @@ def _add_folder(archive: zipfile.ZipFile, folder: Path, name: str) -> None:
 
 def take(model: keras.Model, *, weights_only: bool, state: dict[str, Any],
          arrays: dict[str, np.ndarray], max_shard_size: float | None = None,
-         budget: int | None = None) -> ModelSnapshot | None:
+         budget: int | None = None, copy_part: bool = True) -> ModelSnapshot | None:
     """Copy what a checkpoint of ``model`` holds into host memory; None without Keras' internals.
 
-    ``budget``: the bytes the copy may take (None: no limit). Over it, nothing is copied: the
-    snapshot is ``streamed``, to be written at once, while training waits.
+    ``budget``: the bytes the copy may take (None: no limit). Over it, only the variables that fit,
+    counted from the end of the save order, are copied (none without ``copy_part``): the
+    snapshot is ``streamed``, its live part to be written at once, while training waits
+    (`ModelSnapshot.live_written`).
     """
     assets = None if weights_only else Path(tempfile.mkdtemp(prefix="resumable-assets-"))
     try:
@@ -192,9 +208,14 @@ def take(model: keras.Model, *, weights_only: bool, state: dict[str, Any],
         held = (sum(int(getattr(v.value, "nbytes", 0)) for v in values)
                 + sum(int(a.nbytes) for a in arrays.values()))
         streamed = budget is not None and held > budget
+        copied_bytes = 0
+        live_written = threading.Event()
         if not streamed:
             values = [v._replace(value=_host_copy(v.value.variable)) if isinstance(v.value, LiveValue) else v
                       for v in values]
+        elif copy_part:
+            assert budget is not None
+            values, copied_bytes = _copy_tail(values, budget - held + _live_bytes(values), live_written)
         model_json = None if weights_only else compat.model_json(model)
     except BaseException:
         if assets is not None:
@@ -203,35 +224,111 @@ def take(model: keras.Model, *, weights_only: bool, state: dict[str, Any],
     if assets is not None and not any(assets.iterdir()):
         shutil.rmtree(assets, ignore_errors=True)
         assets = None
-    taken = ModelSnapshot(values, model_json, state, arrays, assets, max_shard_size, streamed)
+    taken = ModelSnapshot(values, model_json, state, arrays, assets, max_shard_size, streamed, copied_bytes,
+                          live_written)
     if assets is not None:  # a snapshot dropped unwritten (a newer one replaced it) leaves nothing
         weakref.finalize(taken, shutil.rmtree, assets, True)
     return taken
 
 
+def _live_bytes(values: list[compat.SavedValue]) -> int:
+    return sum(v.value.nbytes for v in values if isinstance(v.value, LiveValue))
+
+
+def _copy_tail(values: list[compat.SavedValue], room: int,
+               live_written: threading.Event) -> tuple[list[compat.SavedValue], int]:
+    """The values with the variables that fit ``room`` bytes copied, counted from the end (a
+    write in save order is then past the live ones when it reaches the copies); the bytes copied.
+
+    The first variable copied sets ``live_written`` when the write reads it: everything before
+    it is written by then, and training may go on.
+    """
+    copied = list(values)
+    first = None
+    used = 0
+    for i in range(len(values) - 1, -1, -1):
+        value = values[i].value
+        if not isinstance(value, LiveValue):
+            continue  # a host copy already (counted in the room)
+        if used + value.nbytes > room:
+            break
+        used += value.nbytes
+        copied[i] = values[i]._replace(value=_host_copy(value.variable))
+        first = i
+    if first is None:
+        return values, 0
+    copied[first] = copied[first]._replace(value=_Released(copied[first].value, live_written))
+    return copied, used
+
+
+class _Released:
+    """The first copied value of a partly copied snapshot: read by the write, it says that the
+    live part before it is written (``event``)."""
+
+    __slots__ = ("array", "event", "nbytes")
+
+    def __init__(self, array: np.ndarray, event: threading.Event) -> None:
+        self.array = array
+        self.event = event
+        self.nbytes = array.nbytes
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        self.event.set()
+        return self.array if dtype is None else self.array.astype(dtype, copy=False)
+
+
 class LiveValue:
     """A variable recorded for a streamed snapshot: read to host memory when written
-    (``np.asarray``), each time afresh, and held no longer than its write."""
+    (``np.asarray``), each time afresh, and held no longer than its write. One over
+    `SLICE_BYTES` whose whole read would be a copy (a GPU's, a TPU's, torch's) is read and
+    written in slices of rows instead (``slice_rows``, `read`), so that a save's host memory
+    stays within its budget and one slice even for one big embedding."""
 
-    __slots__ = ("variable", "nbytes")
+    __slots__ = ("variable", "nbytes", "shape", "dtype", "slice_rows")
 
     def __init__(self, variable: keras.Variable) -> None:
         self.variable = variable
-        self.nbytes = int(np.prod(variable.shape, dtype=np.int64)) * _itemsize(variable.dtype)
+        self.shape = tuple(int(n) for n in variable.shape)
+        self.dtype = _numpy_dtype(variable.dtype)
+        self.nbytes = int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+        row = self.nbytes // self.shape[0] if self.shape and self.shape[0] else 0
+        sliced = row and self.nbytes > SLICE_BYTES and not whole_read_is_free(variable)
+        self.slice_rows = max(1, SLICE_BYTES // row) if sliced else None
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         array = _host_copy(self.variable)
         return array if dtype is None else array.astype(dtype, copy=False)
 
+    def read(self, start: int, stop: int) -> np.ndarray:
+        """Rows ``start:stop`` of the first axis, as a host array."""
+        return np.asarray(keras.ops.convert_to_numpy(self.variable.value[start:stop]), self.dtype)
 
-def _itemsize(dtype: Any) -> int:
+
+def whole_read_is_free(variable: keras.Variable) -> bool:
+    """Whether reading the whole variable to the host copies nothing: a TensorFlow or JAX
+    variable on the CPU, which `_host_copy` views (slices would copy). A GPU's or TPU's, or
+    torch's, is read in slices."""
+    backend = keras.backend.backend()
+    try:
+        value = variable.value
+        if backend == "tensorflow":
+            return "CPU" in str(getattr(value, "device", "")).upper()
+        if backend == "jax":
+            devices = getattr(value, "devices", None)
+            return callable(devices) and all(d.platform == "cpu" for d in devices())
+    except Exception:  # noqa: BLE001 - a value that cannot say where it lives (a distributed one): sliced
+        return False
+    return False
+
+
+def _numpy_dtype(dtype: Any) -> np.dtype[Any]:
     name = keras.backend.standardize_dtype(dtype)
     try:
-        return np.dtype(name).itemsize
+        return np.dtype(name)
     except TypeError:  # bfloat16, float8_*: NumPy knows them through ml_dtypes, as Keras does
         import ml_dtypes
 
-        return np.dtype(getattr(ml_dtypes, name)).itemsize
+        return np.dtype(getattr(ml_dtypes, name))
 
 
 def _live_or_copy(value: Any) -> Any:

@@ -1,7 +1,14 @@
 """Keras' weights-file stores, writing what a snapshot recorded: ``H5IOStore`` (into a path or
 a file object of ours, through ``_get_h5_file``) and ``ShardedH5IOStore``, fed host arrays
 without the copies their ``convert_to_numpy`` would make; and the recorder that stands in for a
-store while Keras' ``_save_state`` walks the model. Their reads for a load: `in_place_reads`."""
+store while Keras' ``_save_state`` walks the model. Their reads for a load: `in_place_reads`.
+
+A big variable of a streamed snapshot (#54: `snapshot.LiveValue` with ``slice_rows``) is never
+read whole: the store is handed a stand-in of its shape and dtype that takes no memory (Keras'
+sharded store sizes its shards by it), and `_SlicedWrites` creates the dataset as Keras' store
+would (h5py's ``group[key] = array``: an anonymous dataset, then linked) and writes it slice by
+slice along its first axis: the same bytes, at most one slice on the host. On a Keras whose
+stores write through entry objects (3.8, 3.9) the variable is read whole."""
 
 from __future__ import annotations
 
@@ -10,7 +17,7 @@ import io
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
-from typing import Any, BinaryIO, NamedTuple
+from typing import Any, BinaryIO, NamedTuple, Protocol
 
 import numpy as np
 
@@ -70,14 +77,78 @@ class _HostView:
         return array if dtype is None else array.astype(dtype, copy=False)
 
 
+class Sliced(Protocol):
+    """A value written in slices (`snapshot.LiveValue` of a big variable)."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype[Any]
+    slice_rows: int | None  # rows of the first axis per slice; None: read whole
+
+    def read(self, start: int, stop: int) -> np.ndarray: ...
+
+
+def _stand_in(value: Sliced) -> np.ndarray:
+    """An array of the value's shape and dtype that takes no memory (one element, broadcast)."""
+    return np.broadcast_to(np.zeros((), value.dtype), value.shape)
+
+
+@functools.cache
+def _sliced_store() -> type | None:
+    """Keras' ``H5IOStore`` writing a value set aside by `_fill` (``_resumable_sliced``) slice
+    by slice; None without Keras' saving."""
+    saving_lib = keras_saving_lib()
+    if saving_lib is None:
+        return None
+
+    class SlicedWrites(saving_lib.H5IOStore):  # type: ignore[name-defined]
+        def __setitem__(self, key: str, value: Any) -> None:
+            sliced = self.__dict__.pop("_resumable_sliced", None)
+            if sliced is None:
+                super().__setitem__(key, value)
+                return
+            if not self._h5_entry_initialized:
+                self._create_h5_group(self._h5_entry_path)
+            _write_in_slices(self._h5_entry_group, key, sliced)
+
+    return SlicedWrites
+
+
+def _writes_slices(store: Any) -> bool:
+    sliced = _sliced_store()
+    return sliced is not None and isinstance(store, sliced)
+
+
+def _write_in_slices(group: Any, key: str, value: Sliced) -> None:
+    """What H5IOStore.__setitem__ writes for ``value``, one slice of rows at a time."""
+    from keras import backend
+
+    rows = value.slice_rows
+    assert rows is not None
+    bfloat16 = backend.standardize_dtype(value.dtype) == "bfloat16"
+    # Keras: create_dataset(key, data=...) for bfloat16, else group[key] = array, which h5py
+    # makes an anonymous dataset linked after its data is written
+    dataset = group.create_dataset(key if bfloat16 else None, shape=value.shape, dtype=value.dtype)
+    for start in range(0, value.shape[0], rows):
+        stop = min(start + rows, value.shape[0])
+        dataset[start:stop] = value.read(start, stop)
+    if bfloat16:
+        dataset.attrs["dtype"] = "bfloat16"
+    else:
+        from h5py import h5o
+
+        name, lcpl = group._e(key, lcpl=True)
+        h5o.link(dataset.id, group.id, name, lcpl=lcpl)
+
+
 def write_weights(values: list[SavedValue], target: str | io.RawIOBase | BinaryIO) -> None:
     """Write `saved_values` as the ``.weights.h5`` file Keras would have written, with its store:
     to a path, or into a seekable binary file object (h5py writes it there directly, through
     ``H5IOStore._get_h5_file``; a Keras without it writes a temporary file, copied in)."""
     saving_lib = keras_saving_lib()
     assert saving_lib is not None  # saved_values returned values
+    store = _sliced_store() or saving_lib.H5IOStore
     if isinstance(target, str):
-        _fill(saving_lib.H5IOStore(target, mode="w"), values)
+        _fill(store(target, mode="w"), values)
         return
     into_file = _store_into_file()
     if into_file is not None:
@@ -88,7 +159,7 @@ def write_weights(values: list[SavedValue], target: str | io.RawIOBase | BinaryI
 
     with tempfile.TemporaryDirectory(prefix="resumable-weights-") as folder:
         path = str(Path(folder) / "model.weights.h5")
-        _fill(saving_lib.H5IOStore(path, mode="w"), values)
+        _fill(store(path, mode="w"), values)
         with open(path, "rb") as written:
             shutil.copyfileobj(written, target, 2**22)
 
@@ -98,10 +169,11 @@ def _store_into_file() -> type | None:
     """Keras' ``H5IOStore`` writing into a file object of ours (any offsets, as HDF5 does); None on
     a Keras whose store opens its file elsewhere than ``_get_h5_file`` (before 3.10)."""
     saving_lib = keras_saving_lib()
-    if saving_lib is None or "_get_h5_file" not in vars(saving_lib.H5IOStore):
+    store = _sliced_store()
+    if saving_lib is None or store is None or "_get_h5_file" not in vars(saving_lib.H5IOStore):
         return None
 
-    class IntoFile(saving_lib.H5IOStore):  # type: ignore[name-defined]
+    class IntoFile(store):  # type: ignore[misc, valid-type]
         def __init__(self, file: io.RawIOBase | BinaryIO) -> None:
             self._target = file
             super().__init__(str(file), mode="w")  # a name only: the file is ours
@@ -152,11 +224,11 @@ def _uncopied_sharded_store() -> type | None:
     (to size the value), then calls H5IOStore's, which converts again; the class between
     them wraps the converted value again, so neither conversion copies."""
     sharded = sharded_store()
-    saving_lib = keras_saving_lib()
-    if sharded is None or saving_lib is None:
+    sliced = _sliced_store()
+    if sharded is None or sliced is None:
         return None
 
-    class Uncopied(saving_lib.H5IOStore):  # type: ignore[name-defined]
+    class Uncopied(sliced):  # type: ignore[misc, valid-type]
         def __setitem__(self, key: str, value: Any) -> None:
             super().__setitem__(key, value if isinstance(value, _HostView) else _HostView(value))
 
@@ -174,6 +246,10 @@ def _fill(store: Any, values: list[SavedValue]) -> None:
             if group != (value.path, value.metadata):
                 group = (value.path, value.metadata)
                 entry = store.make(value.path, metadata=value.metadata)  # Keras 3.8, 3.9: an entry
-            entry[value.key] = _HostView(value.value)
+            if getattr(value.value, "slice_rows", None) and entry is store and _writes_slices(store):
+                store._resumable_sliced = value.value  # taken by SlicedWrites.__setitem__
+                entry[value.key] = _HostView(_stand_in(value.value))
+            else:
+                entry[value.key] = _HostView(value.value)
     finally:
         store.close()
