@@ -14,12 +14,14 @@ save's events through), the storage layer's records and helpers it hands on, the
 - single files with their records (`FileTarget`, `FileRecord`, `split_url`,
   `check_drive_mounted`: `resumable.ModelCheckpoint`, `save_model`, `load_model`) and folders of
   them (`list_model_files`, `ModelFile`, `CORRUPT`: files `resume()` adopts);
-- giving the C heap's freed memory back while a checkpoint loads (`give_heap_back`).
+- giving the C heap's freed memory back while a checkpoint loads (`give_heap_back`);
+- the mark of a save's private write folder in staging (`PRIVATE_WRITE`), which the next writer removes.
 """
 
 from __future__ import annotations
 
 from resumable.manager.listener import Files, SaveListener
+from resumable.manager.run_writer import PRIVATE_WRITE
 from resumable.storage import CheckpointInfo, RunStorage
 from resumable.storage.errors import NO_SPACE_ERRNOS, free_space
 from resumable.storage.file_folder import CORRUPT, ModelFile, list_model_files
@@ -30,7 +32,8 @@ from resumable.storage.mounts import check_drive_mounted
 from resumable.storage.single_file import FileRecord, FileTarget, split_url
 from resumable.storage.written_files import ChecksummedFile, WrittenFiles
 
-__all__ = ["CORRUPT", "DEFAULT_TIMEOUT", "NO_SPACE_ERRNOS", "CheckpointInfo", "ChecksummedFile", "FileRecord",
+__all__ = ["CORRUPT", "DEFAULT_TIMEOUT", "NO_SPACE_ERRNOS", "PRIVATE_WRITE", "CheckpointInfo",
+           "ChecksummedFile", "FileRecord",
            "FileTarget", "Files", "ModelFile", "RunFolder", "RunStorage", "SaveListener", "WrittenFiles",
            "check_drive_mounted", "check_timeout", "free_space", "give_heap_back", "list_model_files",
            "split_url"]

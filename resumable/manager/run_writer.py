@@ -55,6 +55,11 @@ class WriterOptions:
     when_behind: str = "skip"
 
 
+# A save's files written in a thread of its own go first to ``<staging>/<name>.writing-*`` (the
+# Keras side's `tail_write`); a process killed meanwhile leaves one, removed by the next writer.
+PRIVATE_WRITE = ".writing-"
+
+
 class RunWriter:
     """The writer of one run folder; built by `RunManager` at its first write.
 
@@ -87,6 +92,13 @@ class RunWriter:
         self.lease.acquire(takeover=self.options.takeover)
         self.lease.start_renewing()
         self.storage.remove_stray_index_copies()  # a killed writer's; no other writer runs now
+        self._remove_private_writes()
+
+    def _remove_private_writes(self) -> None:
+        """A killed writer's private write folders (`PRIVATE_WRITE`), left in this staging folder:
+        the lease is ours, so no save of this run writes into them any more."""
+        for folder in (self.reader.staging_dir / "staging").glob(f"*{PRIVATE_WRITE}*"):
+            shutil.rmtree(folder, ignore_errors=True)
 
     @contextlib.contextmanager
     def writing(self, *, force: bool = False) -> Iterator[LeaseInfo | None]:

@@ -14,6 +14,7 @@ from resumable.core.errors import CheckpointExistsError, LeaseHeldError, LeaseLo
 from resumable.core.manifest import Manifest
 from resumable.core.policy import Retention
 from resumable.manager.run_manager import RunManager, default_staging_dir
+from resumable.manager.run_writer import PRIVATE_WRITE
 from resumable.storage.lease import Lease
 
 
@@ -182,3 +183,30 @@ def test_the_manager_imports_no_keras() -> None:
             "print('keras' in sys.modules, 'tensorflow' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
+
+
+def test_the_next_writer_removes_the_private_write_folders_a_killed_one_left(tmp_path: Path) -> None:
+    """A save written in a thread of its own (#54) goes to ``<name>.writing-*`` first; a SIGKILL
+    leaves it. The process that takes the lease next removes it, never one refused the lease."""
+    staging = tmp_path / "staging"
+    left = staging / "staging" / f"ckpt-000003{PRIVATE_WRITE}k2x9"
+    left.mkdir(parents=True)
+    (left / "model.weights.h5").write_bytes(b"x" * 1000)
+    staged = staging / "staging" / "ckpt-000004"  # not a private write: the writer's own staging
+    staged.mkdir()
+    holder = RunManager(str(tmp_path / "run"), staging_dir=staging, async_upload=False)
+    holder.writer.acquire()
+    try:
+        assert not left.exists() and staged.exists()
+        in_flight = staging / "staging" / f"ckpt-000005{PRIVATE_WRITE}a1b2"
+        in_flight.mkdir()
+        code = ("import sys; from resumable.core.errors import LeaseHeldError; "
+                "from resumable.manager.run_manager import RunManager; "
+                "m = RunManager(sys.argv[1], staging_dir=sys.argv[2], async_upload=False)\n"
+                "try: m.writer.acquire()\nexcept LeaseHeldError: print('refused')")
+        out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "run"), str(staging)],
+                             capture_output=True, text=True, check=True).stdout
+        assert out.split() == ["refused"]
+        assert in_flight.exists()  # the holder's save in flight is left alone
+    finally:
+        holder.release()

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from resumable.core.manifest import FileEntry
-from resumable.manager import WrittenFiles, give_heap_back
+from resumable.manager import PRIVATE_WRITE, WrittenFiles, give_heap_back
 
 COPY_CHUNK = 2**22
 
@@ -49,7 +49,7 @@ class TailWrite:
         # A folder of its own beside ``beside``: an earlier save of the same name may not be
         # collected yet, and its private folder goes when it is
         beside.parent.mkdir(parents=True, exist_ok=True)
-        folder = Path(tempfile.mkdtemp(prefix=f"{beside.name}.writing-", dir=beside.parent))
+        folder = Path(tempfile.mkdtemp(prefix=f"{beside.name}{PRIVATE_WRITE}", dir=beside.parent))
         self._state = state = _State(folder, write)
         self._thread = threading.Thread(target=_run, args=(state,), name="resumable-tail-write", daemon=True)
         self._thread.start()
