@@ -232,7 +232,9 @@ class Run:
 
     def _roll_back_if_ahead(self) -> None:
         """After an exception ended an earlier fit of this Run mid-epoch, the model holds training
-        no checkpoint has: go back to the newest checkpoint (or a new model), so no batch is trained twice."""
+        no checkpoint has: go back to the newest good checkpoint of either tier (the local tier's
+        when `from_local_tier` takes it, as resume() does; its line says which tier and why), or a
+        new model, so no batch is trained twice."""
         if not self._fitted:
             return
         step = training_state.iterations(self.model)
@@ -240,12 +242,23 @@ class Run:
         if step == saved:
             return
         finish_uploads(self.callback, quiet=True)
-        latest = self.callback.manager.last_checkpoint
+        manager = self.callback.manager
+        durable = manager.last_checkpoint
+        reads = files_to_model.ReadOnce()
+        tier = from_local_tier(self.callback, self.build_model, self.strategy, self.distribution, reads,
+                               into=self.model)
+        if tier.line:
+            print(tier.line, flush=True)
+            logger.info("%s", tier.line)
+        latest = tier.found[0] if tier.found is not None else durable
         if latest is not None:
-            local = self.callback.manager.fetch(latest)
-            restore_checkpoint(self.callback, latest, local, files_to_model.ReadOnce(), into=self.model,
-                               only_cached=False)  # the cache as it was: a Run's own checkpoints
+            local = tier.found[1] if tier.found is not None else manager.fetch(latest)
+            restore_checkpoint(self.callback, latest, local, reads, only_cached=False,
+                               into=None if tier.found is not None else self.model)  # the cache as it was
+            if tier.found is not None:  # the durable tier's newest is what its next commit follows
+                manager.resumed_from(durable, manager.damaged)
             self.checkpoint = latest
+            saved = int(latest.step or 0)
             where = f"{latest.url} (epoch {latest.epoch}, step {latest.step})"
         elif self._adopted is not None and (again := self._adopted()) is not None:
             self.model = again.model

@@ -8,6 +8,7 @@ from pathlib import Path
 import keras
 import numpy as np
 import pytest
+from keras_helpers import same_weights
 
 import resumable
 from resumable import RunStorage
@@ -81,3 +82,41 @@ def test_a_job_of_several_processes_says_its_local_tier_is_off(
     build().fit(X, Y, batch_size=8, epochs=1, verbose=0, callbacks=[cb])
     assert local_tier.SPLIT_JOB_LINE in capsys.readouterr().out
     assert not (tmp_path / "local").exists()
+
+
+class RaiseAtStep(keras.callbacks.Callback):
+    """Raises RuntimeError at the end of one optimizer step, once; counts the batches trained."""
+
+    def __init__(self, step: int | None) -> None:
+        super().__init__()
+        self.step, self.batches = step, 0
+
+    def on_train_batch_end(self, batch: int, logs: object = None) -> None:
+        self.batches += 1
+        if int(self.model.optimizer.iterations.numpy()) == self.step:
+            self.step = None
+            raise RuntimeError("boom from another callback")
+
+
+def test_run_fit_after_an_exception_continues_from_a_newer_local_checkpoint(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    plain = build()
+    plain.fit(X, Y, batch_size=8, epochs=3, verbose=0)  # 8 steps an epoch, shuffled
+
+    tier = resumable.LocalTier(folder=tmp_path / "local", every_steps=3, every_seconds=None)
+    run = resumable.resume(str(tmp_path / "run"), build, monitor="loss", local_tier=tier)
+    with pytest.raises(RuntimeError, match="boom"):  # at step 14: the local tier saved step 12, the durable 8
+        run.fit(X, Y, batch_size=8, epochs=3, verbose=0, callbacks=[RaiseAtStep(14)])
+    assert [c.step for c in RunStorage(str(tmp_path / "run")).list()] == [8]
+    capsys.readouterr()
+
+    counted = RaiseAtStep(None)
+    run.fit(X, Y, batch_size=8, epochs=3, verbose=0, callbacks=[counted])
+
+    out = capsys.readouterr().out
+    assert "resumable: resuming from the local tier: ckpt-000001-step-000000012 (epoch 2, batch 4)" in out
+    assert "continuing from" in out and "step 12)" in out
+    assert counted.batches == 24 - 12  # no batch trained twice, none skipped
+    assert int(run.model.optimizer.iterations.numpy()) == 24
+    assert same_weights(run.model, plain)
+    assert run.history["loss"] == plain.history.history["loss"]

@@ -41,8 +41,11 @@ class TierChoice:
 
 
 def from_local_tier(callback: CheckpointCallback, build_model: Callable[[], keras.Model] | None,
-                    strategy: Any, distribution: Any, reads: files_to_model.ReadOnce) -> TierChoice:
-    """The local tier's checkpoint to resume from, loaded, if it qualifies (see the module docstring)."""
+                    strategy: Any, distribution: Any, reads: files_to_model.ReadOnce, *,
+                    into: keras.Model | None = None) -> TierChoice:
+    """The local tier's checkpoint to resume from, loaded, if it qualifies (see the module docstring):
+    into a model ``build_model`` builds (`resume`), or into ``into`` in place (a `Run` rolled back
+    after an exception ended its fit)."""
     saver = callback.local_saves
     if saver.tier is None:
         return TierChoice(None)
@@ -82,8 +85,12 @@ def from_local_tier(callback: CheckpointCallback, build_model: Callable[[], kera
         try:
             path = manager.fetch(info)
             reads.check(path, info.url)
-            model = files_to_model.load_model(path, build_model, strategy=strategy, distribution=distribution,
-                                              where=info.url, reads=reads)
+            if into is None:
+                model = files_to_model.load_model(path, build_model, strategy=strategy,
+                                                  distribution=distribution, where=info.url, reads=reads)
+            else:  # a job of one process (see above): never a model split across processes
+                files_to_model.load_into(into, path, info.url, reads=reads)
+                model = into
         except CorruptCheckpointError as e:
             if path is not None:
                 reads.forget(path)
