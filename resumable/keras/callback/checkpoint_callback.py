@@ -22,7 +22,7 @@ from resumable.keras.callback.save_options import DEFAULT_SHARD_GIB, OptionAttri
 from resumable.keras.checkpoint import training_state
 from resumable.keras.multihost import split_job
 from resumable.keras.replay.inputs import Feed
-from resumable.manager import DEFAULT_TIMEOUT, RunStorage
+from resumable.manager import DEFAULT_TIMEOUT, CheckpointInfo, RunStorage
 from resumable.manager.job_commit import DEFAULT_BARRIER_TIMEOUT
 from resumable.manager.tiers import LocalTier
 
@@ -173,7 +173,7 @@ class CheckpointCallback(CarriedRun, OptionAttributes, keras.callbacks.Callback)
         self.schedule = options.save_schedule()
         self.builder = CheckpointBuilder(options, self.manager, self.lines)
         self.fit_lease = FitLease(options, self.manager, self.lines)
-        self.local_saves = LocalTierSaver(options, self.manager)  # #55: saved between the durable saves
+        self.local_saves = LocalTierSaver(options, self.manager) if options.local_tier else NoLocalTier()
         self.history: list[dict[str, float]] = []  # per-epoch logs of every epoch of the run
         self.epochs_done = 0
         self.stopped_early = False
@@ -330,4 +330,26 @@ class CheckpointCallback(CarriedRun, OptionAttributes, keras.callbacks.Callback)
         return topology.is_chief(self.model, self.strategy)
 
 
-__all__ = ["CheckpointCallback"]
+class NoLocalTier:
+    """The local tier's hooks when none is asked for (``local_tier=False``, chosen once in the
+    constructor): they do nothing, so a fit runs nothing of `local_tier.LocalTierSaver`."""
+
+    tier: LocalTier | None = None  # what resume() asks first (`resuming.tiers`): none
+    off = True
+    to_promote: tuple[CheckpointInfo, Path] | None = None  # never set: there is no tier to resume from
+
+    def begin(self, model: keras.Model, strategy: Any) -> None:
+        pass
+
+    def epoch_begins(self, step: int) -> None:
+        pass
+
+    def save_if_due(self, callback: Any, siblings: Any, step: int, batch: int, logs: Any, *,
+                    durable_saved: bool) -> None:
+        pass
+
+    def end(self) -> None:
+        pass
+
+
+__all__ = ["CheckpointCallback", "NoLocalTier"]
