@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import datetime
+import functools
 import logging
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import keras
 
@@ -15,7 +17,7 @@ from resumable.keras import compat, topology
 from resumable.keras.callback.carried_run import CarriedRun
 from resumable.keras.callback.checkpoint_builder import CheckpointBuilder, Progress
 from resumable.keras.callback.commit_lines import CommitLines
-from resumable.keras.callback.fit_lease import FitLease, gives_lease_back_on_error
+from resumable.keras.callback.fit_lease import FitLease
 from resumable.keras.callback.fit_position import FitPosition, RestoredState, runs_last
 from resumable.keras.callback.local_tier import LocalTierSaver
 from resumable.keras.callback.save_options import DEFAULT_SHARD_GIB, OptionAttributes, check_options
@@ -27,6 +29,26 @@ from resumable.manager.job_commit import DEFAULT_BARRIER_TIMEOUT
 from resumable.manager.tiers import LocalTier
 
 logger = logging.getLogger("resumable")
+
+_Hook = TypeVar("_Hook", bound=Callable[..., None])
+
+
+def gives_lease_back_on_error(hook: _Hook) -> _Hook:
+    """For a Keras hook of `CheckpointCallback`: an exception leaving the hook ends model.fit, and
+    Keras then calls no on_train_end: land the uploads and give the writer lease back
+    (`FitLease.end_after_error`). Not for KeyboardInterrupt or SystemExit: Run.fit saves the
+    interrupted state after those, under the lease, then gives it back. Here, beside the hooks it
+    guards, so that a hook runs no other module's code unless it fails."""
+
+    @functools.wraps(hook)
+    def wrapper(self: CheckpointCallback, *args: Any, **kwargs: Any) -> None:
+        try:
+            hook(self, *args, **kwargs)
+        except Exception:
+            self.fit_lease.end_after_error()
+            raise
+
+    return cast(_Hook, wrapper)
 
 
 class CheckpointCallback(CarriedRun, OptionAttributes, keras.callbacks.Callback):

@@ -9,11 +9,9 @@ is decided here by every process, at the fit's start, and process 0 takes the fo
 
 from __future__ import annotations
 
-import functools
 import sys
 import threading
-from collections.abc import Callable
-from typing import Any, Protocol, TypeVar, cast
+from typing import Any
 
 import keras
 
@@ -25,30 +23,6 @@ from resumable.keras.callback.save_options import SaveOptions
 from resumable.keras.checkpoint import training_state
 from resumable.keras.multihost import split_job
 from resumable.manager.run_manager import RunManager
-
-
-class _Holder(Protocol):
-    fit_lease: FitLease
-
-
-_Hook = TypeVar("_Hook", bound=Callable[..., None])
-
-
-def gives_lease_back_on_error(hook: _Hook) -> _Hook:
-    """For a Keras hook of a callback holding a `FitLease`: an exception leaving the hook ends
-    model.fit, and Keras then calls no on_train_end: land the uploads and give the writer lease
-    back. Not for KeyboardInterrupt or SystemExit: Run.fit saves the interrupted state after
-    those, under the lease, then gives it back."""
-
-    @functools.wraps(hook)
-    def wrapper(self: _Holder, *args: Any, **kwargs: Any) -> None:
-        try:
-            hook(self, *args, **kwargs)
-        except Exception:
-            self.fit_lease.end_after_error()
-            raise
-
-    return cast(_Hook, wrapper)
 
 
 class FitLease:
@@ -125,7 +99,8 @@ class FitLease:
         return f"taking over the writer lease {left}"
 
     def end_after_error(self) -> None:
-        """An exception ended the fit: print the lines held, land the uploads, give the lease back."""
+        """An exception ended the fit (`checkpoint_callback.gives_lease_back_on_error`, `after_the_cell`):
+        print the lines held, land the uploads, give the lease back."""
         self.lines.print_lines(fit_ended=True)
         self.manager.finish(quiet=True)
 
@@ -142,4 +117,4 @@ class FitLease:
         self.end_after_error()
 
 
-__all__ = ["FitLease", "gives_lease_back_on_error"]
+__all__ = ["FitLease"]
