@@ -230,8 +230,8 @@ class CheckpointCallback(CarriedRun, OptionAttributes, keras.callbacks.Callback)
         self.lines.hold()
         if self.callbacks is None and self.restored is not None and (self.epochs_done or self.resume_batch):
             self.restored_state.say_if_plain_fit_cannot_replay(compat.running_fit_input(self))
-        restored = self.restored.name if self.restored is not None else None
-        self.epochs_done = self.fit_lease.begin(self.model, self.strategy, restored, self.epochs_done)
+        self.epochs_done = self.fit_lease.begin(self.model, self.strategy, self.restored, self.epochs_done)
+        self.builder.fit_begins()
         self.local_saves.begin(self.model, self.strategy)  # after the durable lease: it keeps writers apart
 
     @gives_lease_back_on_error

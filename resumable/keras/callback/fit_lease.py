@@ -22,6 +22,7 @@ from resumable.keras.callback.commit_lines import CommitLines
 from resumable.keras.callback.save_options import SaveOptions
 from resumable.keras.checkpoint import training_state
 from resumable.keras.multihost import split_job
+from resumable.manager import CheckpointInfo
 from resumable.manager.run_manager import RunManager
 
 
@@ -35,16 +36,18 @@ class FitLease:
         self._fit_in_main_thread = False  # where the fit holding the lease began (see after_the_cell)
         self._cell_watched = False  # after_the_cell is registered for the notebook cell running now
 
-    def begin(self, model: keras.Model, strategy: Any, restored: str | None, epochs_done: int) -> int:
+    def begin(self, model: keras.Model, strategy: Any, restored: CheckpointInfo | None,
+              epochs_done: int) -> int:
         """A fit of ``model`` begins (the run restored from checkpoint ``restored``, None for a
         new run, with ``epochs_done``): take the run folder; the epochs done it holds."""
+        name = restored.name if restored is not None else None
         self.every_process_writes(model)  # #36: decided by every process before any save
         if self.manager.job is not None:  # #36: every process learns whether process 0 could take the folder
             def take() -> dict[str, Any]:
-                return {"epochs_done": self._take_run_folder(model, restored, epochs_done)}
+                return {"epochs_done": self._take_run_folder(model, name, epochs_done)}
             epochs_done = int(self.manager.job.start(take).get("epochs_done", epochs_done))
         elif topology.is_chief(model, strategy):
-            epochs_done = self._take_run_folder(model, restored, epochs_done)
+            epochs_done = self._take_run_folder(model, name, epochs_done)
         if topology.is_chief(model, strategy):
             self._fit_in_main_thread = threading.current_thread() is threading.main_thread()
             if not self._cell_watched:

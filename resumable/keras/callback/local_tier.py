@@ -103,6 +103,8 @@ class LocalTierSaver:
         try:
             self._promote()
             self.open().writer.acquire()
+            assert self.builder is not None  # made by open()
+            self.builder.fit_begins()
         except Exception as e:  # noqa: BLE001 - the durable tier goes on alone
             self._give_up(e)
             return
