@@ -10,6 +10,11 @@ lease's threads carry it too). From that trace:
 - **links**: distinct (caller file, callee file) pairs, the caller being the nearest frame of
   the package up the stack;
 - **files per thread**: by thread name;
+- **once per fit**: of the files on the path, those entered only in training's thread once the
+  fit ends (from Keras' ``on_train_end`` until ``run.fit`` returns: the last uploads waited for,
+  the lease given back, the context managers ``run.fit`` entered before the fit exited). They are
+  on the path because the trace runs until ``run.fit`` returns, not because of the epoch or its
+  save; ``per epoch and save`` counts the others;
 - **layer climbs**: calls whose caller is in a lower layer than the callee
   (core < storage < manager < keras, cli). A call through an interface the lower layer
   declares (a method of a ``typing.Protocol`` class defined in the calling module, such as the
@@ -85,7 +90,11 @@ def trace_save() -> dict[str, Any]:
 
     package = str(PACKAGE) + os.sep
     recording = threading.Event()
+    fit_ending = threading.Event()  # Keras' on_train_end called: the fit's end, not its epoch
+    main = threading.main_thread()
     calls: collections.Counter[tuple[str, str, str, str]] = collections.Counter()
+    at_fit_end: set[str] = set()  # files entered in training's thread once the fit ends
+    before_fit_end: set[str] = set()  # files entered in any thread before, or in another thread
     rel_of: dict[str, str | None] = {}
 
     def rel(filename: str) -> str | None:
@@ -98,9 +107,13 @@ def trace_save() -> dict[str, Any]:
     def profile(frame: Any, event: str, arg: Any) -> None:
         if event != "call" or not recording.is_set():
             return
+        in_main = threading.current_thread() is main
+        if in_main and frame.f_code.co_name == "on_train_end" and not fit_ending.is_set():
+            fit_ending.set()  # Keras' CallbackList.on_train_end, before any callback's own
         callee = rel(frame.f_code.co_filename)
         if callee is None:
             return
+        (at_fit_end if in_main and fit_ending.is_set() else before_fit_end).add(callee)
         caller, back, depth = None, frame.f_back, 0
         while back is not None and depth < 12:  # the nearest frame of the package up the stack
             caller = rel(back.f_code.co_filename)
@@ -146,7 +159,8 @@ def trace_save() -> dict[str, Any]:
         if low is not None and high is not None and low < high:
             through = function in protocol_members(caller)
             (interface if through else climbs).add(f"{caller} -> {callee}:{function}")
-    return {"files": files, "links": [f"{a} -> {b}" for a, b in links],
+    return {"files": files, "once_per_fit": sorted(at_fit_end - before_fit_end),
+            "links": [f"{a} -> {b}" for a, b in links],
             "threads": {name: sorted(found) for name, found in sorted(per_thread.items())},
             "climbs": sorted(climbs), "interface_calls": sorted(interface)}
 
@@ -223,7 +237,11 @@ def main() -> None:
         print(json.dumps(figures, indent=1))
         return
     if not args.source:
-        print(f"files on the path: {len(figures['files'])}")
+        files, once = figures["files"], figures["once_per_fit"]
+        print(f"files on the path: {len(files)} ({len(files) - len(once)} per epoch and save, "
+              f"{len(once)} once per fit: entered only as the fit ends)")
+        for name in once:
+            print(f"  once per fit: {name}")
         print(f"file-to-file links: {len(figures['links'])}")
         for name, found in figures["threads"].items():
             print(f"  thread {name}: {len(found)} files")

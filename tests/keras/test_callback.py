@@ -331,6 +331,8 @@ def test_fit_of_a_resumed_model_without_initial_epoch_is_refused(tmp_path: Path)
 
     with pytest.raises(ResumableError, match="initial_epoch=2"):
         run.model.fit(X, Y, epochs=3, callbacks=[run.callback], **FIT)
+    # raised in the callback's on_epoch_begin: Keras calls no on_train_end, the hook gave the lease back
+    assert not (tmp_path / "run" / "lease.json").exists()
     with pytest.raises(ValueError, match="initial_epoch"):
         run.fit(X, Y, epochs=3, initial_epoch=0, **FIT)
 

@@ -240,3 +240,27 @@ def test_full_checkpoints_of_lora_layers_resume_unmerged(tmp_path: Path, weights
 def test_save_trainable_only_must_be_a_bool(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="Received: save_trainable_only='yes'. Expected True or False."):
         resumable.CheckpointCallback(str(tmp_path / "run"), save_trainable_only="yes")  # type: ignore[arg-type]
+
+
+def test_lora_enabled_between_two_fits_of_one_callback_is_saved_unmerged(tmp_path: Path) -> None:
+    """Whether the model has LoRA layers is asked once per fit, not once per callback: a head
+    trained first, then LoRA enabled on the base, the second fit's checkpoint resumes unmerged."""
+    keras.utils.set_random_seed(1)
+    inputs = keras.Input((8,))
+    base = keras.layers.Dense(16, activation="relu", name="base")
+    model = keras.Model(inputs, keras.layers.Dense(1, name="out")(base(inputs)))
+    model.compile(optimizer="adam", loss="mse")
+    callback = resumable.CheckpointCallback(str(tmp_path / "run"), monitor="loss")
+    model.fit(X, Y, epochs=1, callbacks=[callback], **FIT)
+    base.enable_lora(4)
+    model.compile(optimizer="adam", loss="mse")
+    model.optimizer.build(model.trainable_variables)
+    model.optimizer.iterations.assign(6)  # the step count goes on, as in one run
+    model.fit(X, Y, initial_epoch=1, epochs=2, callbacks=[callback], **FIT)
+
+    resumed = resumable.resume(str(tmp_path / "run"), monitor="loss")
+    layer = resumed.model.get_layer("base")
+    assert resumed.initial_epoch == 2 and layer.lora_enabled
+    for name in ("kernel", "lora_kernel_a", "lora_kernel_b"):
+        assert np.array_equal(keras.ops.convert_to_numpy(getattr(layer, name)),
+                              keras.ops.convert_to_numpy(getattr(base, name))), name

@@ -32,6 +32,7 @@ from resumable.keras import topology
 from resumable.keras.callback.commit_lines import CommitLines, no_space_line
 from resumable.keras.callback.save_options import SaveOptions
 from resumable.keras.checkpoint import (
+    lora,
     model_to_files,
     snapshot,
     state_file,
@@ -74,6 +75,18 @@ class CheckpointBuilder:
         self.manager = manager
         self.lines = lines
         self.last_saved_step: int | None = None  # the newest checkpoint saved or resumed from
+        self._lora_layers: bool | None = None  # whether the fit's model has LoRA layers; None: not asked yet
+
+    def fit_begins(self) -> None:
+        """A fit begins: whether its model has LoRA layers is asked again, at its first save
+        (``enable_lora`` may have been called since the last fit; never during one)."""
+        self._lora_layers = None
+
+    def has_lora_layers(self, model: keras.Model) -> bool:
+        """Whether ``model`` has LoRA layers, asked once per fit (`lora.in_model`)."""
+        if self._lora_layers is None:
+            self._lora_layers = lora.in_model(model)
+        return self._lora_layers
 
     def state(self, model: keras.Model, progress: Progress, callback_states: dict[str, Any], step: int,
               batch: int, feed: Feed | None) -> dict[str, Any]:
@@ -147,7 +160,8 @@ class CheckpointBuilder:
                 taken = model_to_files.snapshot(model, weights_only=self.options.save_weights_only,
                                                 state=state, arrays=arrays,
                                                 max_shard_size=self.options.max_shard_size, budget=budget,
-                                                copy_part=self.options.snapshot_memory.copies_part)
+                                                copy_part=self.options.snapshot_memory.copies_part,
+                                                lora_layers=self.has_lora_layers(model))
         files: SnapshotFiles | tail_write.TailWrite | None = (
             SnapshotFiles(taken, name, self) if taken is not None else None)
         payload: str | None
@@ -231,7 +245,8 @@ class CheckpointBuilder:
                 return model_to_files.save(model, staging, weights_only=self.options.save_weights_only,
                                            state=state, arrays=arrays,
                                            trainable_only=self.options.save_trainable_only,
-                                           max_shard_size=self.options.max_shard_size)
+                                           max_shard_size=self.options.max_shard_size,
+                                           lora_layers=self.has_lora_layers(model))
         except OSError as e:
             if e.errno not in NO_SPACE_ERRNOS:
                 raise

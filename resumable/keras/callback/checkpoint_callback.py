@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import datetime
+import functools
 import logging
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import keras
 
@@ -15,18 +17,38 @@ from resumable.keras import compat, topology
 from resumable.keras.callback.carried_run import CarriedRun
 from resumable.keras.callback.checkpoint_builder import CheckpointBuilder, Progress
 from resumable.keras.callback.commit_lines import CommitLines
-from resumable.keras.callback.fit_lease import FitLease, gives_lease_back_on_error
+from resumable.keras.callback.fit_lease import FitLease
 from resumable.keras.callback.fit_position import FitPosition, RestoredState, runs_last
 from resumable.keras.callback.local_tier import LocalTierSaver
 from resumable.keras.callback.save_options import DEFAULT_SHARD_GIB, OptionAttributes, check_options
 from resumable.keras.checkpoint import training_state
 from resumable.keras.multihost import split_job
 from resumable.keras.replay.inputs import Feed
-from resumable.manager import DEFAULT_TIMEOUT, RunStorage
+from resumable.manager import DEFAULT_TIMEOUT, CheckpointInfo, RunStorage
 from resumable.manager.job_commit import DEFAULT_BARRIER_TIMEOUT
 from resumable.manager.tiers import LocalTier
 
 logger = logging.getLogger("resumable")
+
+_Hook = TypeVar("_Hook", bound=Callable[..., None])
+
+
+def gives_lease_back_on_error(hook: _Hook) -> _Hook:
+    """For a Keras hook of `CheckpointCallback`: an exception leaving the hook ends model.fit, and
+    Keras then calls no on_train_end: land the uploads and give the writer lease back
+    (`FitLease.end_after_error`). Not for KeyboardInterrupt or SystemExit: Run.fit saves the
+    interrupted state after those, under the lease, then gives it back. Here, beside the hooks it
+    guards, so that a hook runs no other module's code unless it fails."""
+
+    @functools.wraps(hook)
+    def wrapper(self: CheckpointCallback, *args: Any, **kwargs: Any) -> None:
+        try:
+            hook(self, *args, **kwargs)
+        except Exception:
+            self.fit_lease.end_after_error()
+            raise
+
+    return cast(_Hook, wrapper)
 
 
 class CheckpointCallback(CarriedRun, OptionAttributes, keras.callbacks.Callback):
@@ -173,7 +195,7 @@ class CheckpointCallback(CarriedRun, OptionAttributes, keras.callbacks.Callback)
         self.schedule = options.save_schedule()
         self.builder = CheckpointBuilder(options, self.manager, self.lines)
         self.fit_lease = FitLease(options, self.manager, self.lines)
-        self.local_saves = LocalTierSaver(options, self.manager)  # #55: saved between the durable saves
+        self.local_saves = LocalTierSaver(options, self.manager) if options.local_tier else NoLocalTier()
         self.history: list[dict[str, float]] = []  # per-epoch logs of every epoch of the run
         self.epochs_done = 0
         self.stopped_early = False
@@ -208,8 +230,8 @@ class CheckpointCallback(CarriedRun, OptionAttributes, keras.callbacks.Callback)
         self.lines.hold()
         if self.callbacks is None and self.restored is not None and (self.epochs_done or self.resume_batch):
             self.restored_state.say_if_plain_fit_cannot_replay(compat.running_fit_input(self))
-        restored = self.restored.name if self.restored is not None else None
-        self.epochs_done = self.fit_lease.begin(self.model, self.strategy, restored, self.epochs_done)
+        self.epochs_done = self.fit_lease.begin(self.model, self.strategy, self.restored, self.epochs_done)
+        self.builder.fit_begins()
         self.local_saves.begin(self.model, self.strategy)  # after the durable lease: it keeps writers apart
 
     @gives_lease_back_on_error
@@ -330,4 +352,26 @@ class CheckpointCallback(CarriedRun, OptionAttributes, keras.callbacks.Callback)
         return topology.is_chief(self.model, self.strategy)
 
 
-__all__ = ["CheckpointCallback"]
+class NoLocalTier:
+    """The local tier's hooks when none is asked for (``local_tier=False``, chosen once in the
+    constructor): they do nothing, so a fit runs nothing of `local_tier.LocalTierSaver`."""
+
+    tier: LocalTier | None = None  # what resume() asks first (`resuming.tiers`): none
+    off = True
+    to_promote: tuple[CheckpointInfo, Path] | None = None  # never set: there is no tier to resume from
+
+    def begin(self, model: keras.Model, strategy: Any) -> None:
+        pass
+
+    def epoch_begins(self, step: int) -> None:
+        pass
+
+    def save_if_due(self, callback: Any, siblings: Any, step: int, batch: int, logs: Any, *,
+                    durable_saved: bool) -> None:
+        pass
+
+    def end(self) -> None:
+        pass
+
+
+__all__ = ["CheckpointCallback", "NoLocalTier"]

@@ -9,11 +9,9 @@ is decided here by every process, at the fit's start, and process 0 takes the fo
 
 from __future__ import annotations
 
-import functools
 import sys
 import threading
-from collections.abc import Callable
-from typing import Any, Protocol, TypeVar, cast
+from typing import Any
 
 import keras
 
@@ -24,31 +22,8 @@ from resumable.keras.callback.commit_lines import CommitLines
 from resumable.keras.callback.save_options import SaveOptions
 from resumable.keras.checkpoint import training_state
 from resumable.keras.multihost import split_job
+from resumable.manager import CheckpointInfo
 from resumable.manager.run_manager import RunManager
-
-
-class _Holder(Protocol):
-    fit_lease: FitLease
-
-
-_Hook = TypeVar("_Hook", bound=Callable[..., None])
-
-
-def gives_lease_back_on_error(hook: _Hook) -> _Hook:
-    """For a Keras hook of a callback holding a `FitLease`: an exception leaving the hook ends
-    model.fit, and Keras then calls no on_train_end: land the uploads and give the writer lease
-    back. Not for KeyboardInterrupt or SystemExit: Run.fit saves the interrupted state after
-    those, under the lease, then gives it back."""
-
-    @functools.wraps(hook)
-    def wrapper(self: _Holder, *args: Any, **kwargs: Any) -> None:
-        try:
-            hook(self, *args, **kwargs)
-        except Exception:
-            self.fit_lease.end_after_error()
-            raise
-
-    return cast(_Hook, wrapper)
 
 
 class FitLease:
@@ -61,16 +36,18 @@ class FitLease:
         self._fit_in_main_thread = False  # where the fit holding the lease began (see after_the_cell)
         self._cell_watched = False  # after_the_cell is registered for the notebook cell running now
 
-    def begin(self, model: keras.Model, strategy: Any, restored: str | None, epochs_done: int) -> int:
+    def begin(self, model: keras.Model, strategy: Any, restored: CheckpointInfo | None,
+              epochs_done: int) -> int:
         """A fit of ``model`` begins (the run restored from checkpoint ``restored``, None for a
         new run, with ``epochs_done``): take the run folder; the epochs done it holds."""
+        name = restored.name if restored is not None else None
         self.every_process_writes(model)  # #36: decided by every process before any save
         if self.manager.job is not None:  # #36: every process learns whether process 0 could take the folder
             def take() -> dict[str, Any]:
-                return {"epochs_done": self._take_run_folder(model, restored, epochs_done)}
+                return {"epochs_done": self._take_run_folder(model, name, epochs_done)}
             epochs_done = int(self.manager.job.start(take).get("epochs_done", epochs_done))
         elif topology.is_chief(model, strategy):
-            epochs_done = self._take_run_folder(model, restored, epochs_done)
+            epochs_done = self._take_run_folder(model, name, epochs_done)
         if topology.is_chief(model, strategy):
             self._fit_in_main_thread = threading.current_thread() is threading.main_thread()
             if not self._cell_watched:
@@ -125,7 +102,8 @@ class FitLease:
         return f"taking over the writer lease {left}"
 
     def end_after_error(self) -> None:
-        """An exception ended the fit: print the lines held, land the uploads, give the lease back."""
+        """An exception ended the fit (`checkpoint_callback.gives_lease_back_on_error`, `after_the_cell`):
+        print the lines held, land the uploads, give the lease back."""
         self.lines.print_lines(fit_ended=True)
         self.manager.finish(quiet=True)
 
@@ -142,4 +120,4 @@ class FitLease:
         self.end_after_error()
 
 
-__all__ = ["FitLease", "gives_lease_back_on_error"]
+__all__ = ["FitLease"]

@@ -58,8 +58,8 @@ class _Fit(Protocol):
 
 
 class LocalTierSaver:
-    """The local tier of one callback's run (``options.local_tier``; None: none, every hook does
-    nothing), next to its durable ``durable`` manager."""
+    """The local tier of one callback's run (``options.local_tier``), next to its durable
+    ``durable`` manager. A callback with none has a `NoLocalTier` instead, whose hooks do nothing."""
 
     def __init__(self, options: SaveOptions, durable: RunManager) -> None:
         self.tier = options.local_tier
@@ -70,7 +70,7 @@ class LocalTierSaver:
         tier = self.tier or tiers.LocalTier()
         self.schedule = SaveSchedule(tier.every_steps or "epoch", tier.every_seconds, options.monitor,
                                      options.mode)
-        # none asked for, a job of several processes, or a failure: the durable tier alone
+        # a job of several processes, or a failure: the durable tier alone
         self.off = self.tier is None
         # resume() took this local checkpoint (in this folder): uploaded to the durable tier once
         # the next fit holds its lease (`promotion`)
@@ -103,6 +103,8 @@ class LocalTierSaver:
         try:
             self._promote()
             self.open().writer.acquire()
+            assert self.builder is not None  # made by open()
+            self.builder.fit_begins()
         except Exception as e:  # noqa: BLE001 - the durable tier goes on alone
             self._give_up(e)
             return

@@ -25,6 +25,13 @@ logger = logging.getLogger("resumable")
 PREFIX = "lora/"
 
 
+def in_model(model: keras.Model) -> bool:
+    """Whether ``model`` has LoRA-enabled layers. Asked once per fit, at its first save (a
+    ``lora_rank`` layer enables LoRA when it is built, at the latest by the first step): a fit
+    enables none, so its later saves need not look again (`CheckpointBuilder`)."""
+    return bool(compat.lora_layer_variables(model))
+
+
 def raw_arrays(model: keras.Model) -> dict[str, np.ndarray]:
     """The variables of the model's LoRA-enabled layers, unmerged, for ``arrays.npz``."""
     variables = compat.lora_layer_variables(model) or []

@@ -56,19 +56,20 @@ from resumable.keras.topology import process_count
 
 def save(model: keras.Model, folder: Path, *, weights_only: bool, state: dict[str, Any],
          arrays: dict[str, np.ndarray] | None = None, trainable_only: bool = False,
-         max_shard_size: float | None = None) -> str:
+         max_shard_size: float | None = None, lora_layers: bool = True) -> str:
     """Write the model (with its optimizer state), ``state.json`` and callback arrays to ``folder``;
     returns the payload file's name (the manifest's ``payload``).
 
     ``trainable_only``: only what trains and its optimizer state (``trainable.npz``), with the
     frozen weights' fingerprint in ``state.json``. ``max_shard_size``: weights over this many
-    GiB go to shards of at most that size.
+    GiB go to shards of at most that size. ``lora_layers``: False when the caller knows the model
+    has no LoRA layers (`lora.in_model`), so none are looked for.
     """
     if trainable_only:
         _save_trainable(model, folder, state, arrays)
         return trainable.TRAINABLE_FILE
     taken = snapshot(model, weights_only=weights_only, state=state, arrays=arrays,
-                     max_shard_size=max_shard_size)
+                     max_shard_size=max_shard_size, lora_layers=lora_layers)
     if taken is not None:
         taken.write(folder)
         return taken.payload
@@ -79,7 +80,7 @@ def save(model: keras.Model, folder: Path, *, weights_only: bool, state: dict[st
         else:
             model.save(str(folder / MODEL_FILE))
     (folder / STATE_FILE).write_text(json.dumps(checkpoint_state(model, state), indent=1))
-    arrays = _all_arrays(model, arrays)
+    arrays = _all_arrays(model, arrays, lora_layers)
     if arrays:
         np.savez(folder / ARRAYS_FILE, **arrays)  # type: ignore[arg-type]
     return WEIGHTS_FILE if weights_only else MODEL_FILE
@@ -98,24 +99,28 @@ def _save_trainable(model: keras.Model, folder: Path, state: dict[str, Any],
         np.savez(folder / ARRAYS_FILE, **arrays)  # type: ignore[arg-type]
 
 
-def _all_arrays(model: keras.Model, arrays: dict[str, np.ndarray] | None) -> dict[str, np.ndarray]:
+def _all_arrays(model: keras.Model, arrays: dict[str, np.ndarray] | None,
+                lora_layers: bool) -> dict[str, np.ndarray]:
     """``arrays.npz`` of a full checkpoint: the caller's arrays, the layers' seed generator states
     and the LoRA layers' variables unmerged (Keras saves those layers merged)."""
-    return {**(arrays or {}), **seed_generator_arrays(model), **lora.raw_arrays(model)}
+    unmerged = lora.raw_arrays(model) if lora_layers else {}
+    return {**(arrays or {}), **seed_generator_arrays(model), **unmerged}
 
 
 def snapshot(model: keras.Model, *, weights_only: bool, state: dict[str, Any],
              arrays: dict[str, np.ndarray] | None = None, max_shard_size: float | None = None,
-             budget: int | None = None, copy_part: bool = True) -> ModelSnapshot | None:
+             budget: int | None = None, copy_part: bool = True,
+             lora_layers: bool = True) -> ModelSnapshot | None:
     """What `save` writes, copied into host memory now, to be written later (`ModelSnapshot.write`).
 
     Training waits only for this copy; None on a Keras without the internals it needs. Over
     ``budget`` bytes (#54) what fits is copied (with ``copy_part``; else nothing), the rest
-    streamed: written at once (`snapshot.take`).
+    streamed: written at once (`snapshot.take`). ``lora_layers``: as `save`'s.
     """
     _check_whole_arrays(model)
     # Copies: a JAX step may donate the buffers these arrays view (seed generators, metrics).
-    arrays = {key: np.array(value, copy=True) for key, value in _all_arrays(model, arrays).items()}
+    arrays = {key: np.array(value, copy=True)
+              for key, value in _all_arrays(model, arrays, lora_layers).items()}
     with no_tensorflow_import(), _no_distribution():
         return take_snapshot(model, weights_only=weights_only, state=checkpoint_state(model, state),
                              arrays=arrays, max_shard_size=max_shard_size, budget=budget,
