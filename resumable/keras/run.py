@@ -27,7 +27,7 @@ from resumable.keras.replay.positioning import rest_of_epoch
 from resumable.keras.resuming.continuity import csv_logs_continued, final_weights
 from resumable.keras.resuming.newest_checkpoint import load_newest
 from resumable.keras.resuming.restore import restore_checkpoint
-from resumable.keras.resuming.tiers import from_local_tier
+from resumable.keras.resuming.tiers import from_local_tier, restore_newest_into
 from resumable.manager import CheckpointInfo
 
 logger = logging.getLogger("resumable")
@@ -242,21 +242,9 @@ class Run:
         if step == saved:
             return
         finish_uploads(self.callback, quiet=True)
-        manager = self.callback.manager
-        durable = manager.last_checkpoint
-        reads = files_to_model.ReadOnce()
-        tier = from_local_tier(self.callback, self.build_model, self.strategy, self.distribution, reads,
-                               into=self.model)
-        if tier.line:
-            print(tier.line, flush=True)
-            logger.info("%s", tier.line)
-        latest = tier.found[0] if tier.found is not None else durable
+        latest = restore_newest_into(self.model, self.callback, self.build_model, self.strategy,
+                                     self.distribution)
         if latest is not None:
-            local = tier.found[1] if tier.found is not None else manager.fetch(latest)
-            restore_checkpoint(self.callback, latest, local, reads, only_cached=False,
-                               into=None if tier.found is not None else self.model)  # the cache as it was
-            if tier.found is not None:  # the durable tier's newest is what its next commit follows
-                manager.resumed_from(durable, manager.damaged)
             self.checkpoint = latest
             saved = int(latest.step or 0)
             where = f"{latest.url} (epoch {latest.epoch}, step {latest.step})"
@@ -276,8 +264,7 @@ class Run:
                 "before an exception ended run.fit; call resumable.resume() again to continue from it"
             )
         message = (f"resumable: the last run.fit ended with an exception {step - saved} steps after the "
-                   "newest "
-                   f"checkpoint; continuing from {where}")
+                   f"newest checkpoint; continuing from {where}")
         print(message, flush=True)
         logger.info("%s", message)
 

@@ -11,6 +11,7 @@ tier's newest).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,10 +25,13 @@ from resumable.core.errors import CorruptCheckpointError
 from resumable.keras import topology
 from resumable.keras.callback.local_tier import SPLIT_JOB_LINE
 from resumable.keras.checkpoint import files_to_model
+from resumable.keras.resuming.restore import restore_checkpoint
 from resumable.manager import CheckpointInfo, tiers
 
 if TYPE_CHECKING:
     from resumable.keras.callback.checkpoint_callback import CheckpointCallback
+
+logger = logging.getLogger("resumable")
 
 
 @dataclass
@@ -108,4 +112,28 @@ def from_local_tier(callback: CheckpointCallback, build_model: Callable[[], kera
     return durable_because(f"the local tier's newest {tiers.where(newest)} is not newer than {than}")
 
 
-__all__ = ["TierChoice", "from_local_tier"]
+def restore_newest_into(model: keras.Model, callback: CheckpointCallback,
+                        build_model: Callable[[], keras.Model] | None, strategy: Any,
+                        distribution: Any) -> CheckpointInfo | None:
+    """The newest good checkpoint of either tier restored into ``model`` in place (a `Run` rolled
+    back after an exception ended its fit): the local tier's when `from_local_tier` takes it (its
+    line printed), else the durable tier's newest; None where the run has no checkpoint."""
+    manager = callback.manager
+    durable = manager.last_checkpoint
+    reads = files_to_model.ReadOnce()
+    tier = from_local_tier(callback, build_model, strategy, distribution, reads, into=model)
+    if tier.line:
+        print(tier.line, flush=True)
+        logger.info("%s", tier.line)
+    if tier.found is not None:  # loaded into ``model`` already; the callback takes its state
+        latest, path, _ = tier.found
+        restore_checkpoint(callback, latest, path, reads, only_cached=False, into=None)
+        manager.resumed_from(durable, manager.damaged)  # the durable tier's next commit follows its newest
+        return latest
+    if durable is not None:
+        restore_checkpoint(callback, durable, manager.fetch(durable), reads, only_cached=False,
+                           into=model)  # the cache as it was: a Run's own checkpoints
+    return durable
+
+
+__all__ = ["TierChoice", "from_local_tier", "restore_newest_into"]
