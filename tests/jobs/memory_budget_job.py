@@ -6,7 +6,8 @@
 MODE: ``plain`` (``model.fit`` alone, no save), ``resume`` (``resumable.resume`` + ``run.fit``),
 ``dropin`` (``model.fit`` with ``resumable.ModelCheckpoint`` writing ``RUN/model.weights.h5`` each
 epoch). ``--cgroup``: the cgroup folder whose ``cgroup.procs`` this process joins before it
-builds anything. ``--kill-at-epoch K``: SIGKILL itself at the start of epoch K (0-based).
+builds anything. ``--kill-at-epoch K``: SIGKILL itself at the start of epoch K (0-based), once a
+checkpoint is committed.
 Prints ``CHECKPOINT bytes=<weights and optimizer state>`` and, once trained,
 ``DIGEST <sha256 of every weight and optimizer variable>`` and ``PEAK rss=<VmHWM bytes>``.
 """
@@ -14,10 +15,12 @@ Prints ``CHECKPOINT bytes=<weights and optimizer state>`` and, once trained,
 from __future__ import annotations
 
 import argparse
+import glob
 import hashlib
 import os
 import signal
 import sys
+import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -76,6 +79,13 @@ def main() -> None:
         class Kill(keras.callbacks.Callback):
             def on_epoch_begin(self, epoch: int, logs: object = None) -> None:
                 if epoch == kill_at:
+                    # A 0.3 GB commit (fsynced) can outlast a short epoch on a busy machine:
+                    # killed before any commit, the run would have nothing to resume from.
+                    deadline = time.monotonic() + 120
+                    while not glob.glob(os.path.join(args.run, "ckpt-*", "manifest.json")):
+                        if time.monotonic() > deadline:
+                            break
+                        time.sleep(0.1)
                     os.kill(os.getpid(), signal.SIGKILL)
 
         callbacks.append(Kill())

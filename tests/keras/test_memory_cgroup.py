@@ -53,6 +53,12 @@ class MemoryCgroup:
     def peak(self) -> int:
         return int((self.path / ("memory.max_usage_in_bytes" if self.v1 else "memory.peak")).read_text())
 
+    def oom_kills(self) -> int | None:
+        """How many of its processes the kernel killed for want of memory (None: not reported)."""
+        events = _read(self.path / ("memory.oom_control" if self.v1 else "memory.events"))
+        found = re.search(r"^oom_kill (\d+)$", events, re.M)
+        return int(found.group(1)) if found else None
+
     def remove(self) -> None:
         with contextlib.suppress(OSError):
             self.path.rmdir()
@@ -122,7 +128,10 @@ def test_saves_fit_where_plain_training_has_a_quarter_checkpoint_to_spare(tmp_pa
 
     def limited(*argv: str) -> tuple[int, str]:
         with cgroup(limit) as group:
-            return job(group, *argv, backend=backend)
+            code, out = job(group, *argv, backend=backend)
+            if code == -9 and group.oom_kills():  # the kernel's kill, not the job's own SIGKILL
+                out += "\nOOM: the kernel killed the job for want of memory"
+            return code, out
 
     # The control: a save copied whole (a budget of 4 GB) does not fit.
     code, out = limited("resume", str(tmp_path / "copied"), "--weights-only",
@@ -131,8 +140,8 @@ def test_saves_fit_where_plain_training_has_a_quarter_checkpoint_to_spare(tmp_pa
 
     run = str(tmp_path / "weights")
     code, out = limited("resume", run, "--weights-only", "--kill-at-epoch", "2")
-    assert code == -9 and "DIGEST" not in out, out
-    assert any(Path(run).glob("ckpt-*/manifest.json")), "no checkpoint committed before the kill"
+    assert code == -9 and "DIGEST" not in out and "OOM:" not in out, out
+    assert any(Path(run).glob("ckpt-*/manifest.json")), f"no checkpoint committed before the kill\n{out}"
     code, out = limited("resume", run, "--weights-only")
     assert code == 0, out
     assert digest(out) == expected  # killed, resumed: the bits of an unbroken model.fit
