@@ -22,6 +22,10 @@ from resumable.keras import compat
 from resumable.keras.checkpoint import model_to_files, snapshot
 from resumable.keras.checkpoint.memory_budget import AUTO_FRACTION, SnapshotMemory, memory_left
 
+# compat/stores.py: Keras' stores before 3.10 write through entry objects, so a big variable is
+# read whole there (the bytes are the same)
+KERAS_WRITES_ENTRIES = tuple(int(part) for part in keras.version().split(".")[:2]) < (3, 10)
+
 
 @pytest.mark.parametrize("bad", [-1, True, 1.5, "lots", None, "AUTO"])
 def test_a_bad_snapshot_memory_is_one_line_naming_it(tmp_path: Path, bad: Any) -> None:
@@ -286,7 +290,8 @@ def test_a_big_variable_is_written_in_slices_into_the_same_bytes(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A live variable over SLICE_BYTES is read a slice of rows at a time, never whole."""
     monkeypatch.setattr(snapshot, "SLICE_BYTES", 700)  # a 16x32 kernel (2 KB) is big here
-    assert snapshot.whole_read_is_free(trained().weights[0])  # on this CPU: read whole, a view
+    # On the CPU, TensorFlow and JAX hand a view for free; torch copies (read in slices there too)
+    assert snapshot.whole_read_is_free(trained().weights[0]) == (keras.backend.backend() != "torch")
     monkeypatch.setattr(snapshot, "whole_read_is_free", lambda variable: False)  # as a GPU's
     model = trained()
     if dtype == "bfloat16":
@@ -319,8 +324,11 @@ def test_a_big_variable_is_written_in_slices_into_the_same_bytes(
     monkeypatch.setattr(snapshot.LiveValue, "__array__", counted_array)
     streamed.write(tmp_path / "streamed")
     copied.write(tmp_path / "copied")
-    assert not {id(v) for v in whole} & {id(v) for v in big}  # no big one read whole
-    assert len(reads) > len(big) and max(stop - start for start, stop in reads) < 16  # of 16 or 64 rows
+    if KERAS_WRITES_ENTRIES:  # Keras 3.8, 3.9: its store writes through entry objects, read whole
+        assert {id(v) for v in big} <= {id(v) for v in whole} and not reads
+    else:
+        assert not {id(v) for v in whole} & {id(v) for v in big}  # no big one read whole
+        assert len(reads) > len(big) and max(stop - start for start, stop in reads) < 16  # of 16 or 64 rows
     ours, theirs = file_bytes(tmp_path / "streamed"), file_bytes(tmp_path / "copied")
     assert ours.keys() == theirs.keys()
     for name in ours:
