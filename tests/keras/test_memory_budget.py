@@ -198,6 +198,19 @@ def unnumbered(config: bytes) -> bytes:
     """config.json without Keras' shared_object_id, a Python object's id(): another per model."""
     return re.sub(rb'"shared_object_id": \d+', b'"shared_object_id": 0', config)
 
+def assert_same_checkpoint(ours_folder: Path, theirs_folder: Path) -> None:
+    """The files of two snapshots written: the same bytes (a .keras file's members, metadata but its date)."""
+    ours, theirs = file_bytes(ours_folder), file_bytes(theirs_folder)
+    assert ours.keys() == theirs.keys()
+    for name in ours:
+        if name == snapshot.MODEL_FILE:
+            assert keras_members(ours[name]) == keras_members(theirs[name])
+        elif name == snapshot.METADATA_FILE:
+            assert undated(ours[name]) == undated(theirs[name])
+        else:
+            assert ours[name] == theirs[name], name
+
+
 
 @pytest.mark.lanes
 @pytest.mark.parametrize("weights_only", [True, False])
@@ -220,15 +233,7 @@ def test_a_snapshot_over_its_budget_holds_no_copy_and_writes_the_same_bytes(
     assert streamed.sharded == copied.sharded == (max_shard_size is not None and compat.can_shard())
     copied.write(tmp_path / "copied")
     streamed.write(tmp_path / "streamed")
-    ours, theirs = file_bytes(tmp_path / "streamed"), file_bytes(tmp_path / "copied")
-    assert ours.keys() == theirs.keys()
-    for name in ours:
-        if name == snapshot.MODEL_FILE:
-            assert keras_members(ours[name]) == keras_members(theirs[name])
-        elif name == snapshot.METADATA_FILE:
-            assert undated(ours[name]) == undated(theirs[name])
-        else:
-            assert ours[name] == theirs[name], name
+    assert_same_checkpoint(tmp_path / "streamed", tmp_path / "copied")
 
 
 @pytest.mark.lanes
@@ -270,15 +275,7 @@ def test_a_snapshot_a_quarter_over_its_budget_copies_its_tail_and_writes_the_sam
     assert partly.live_written.is_set()
     assert released_at and not any(released_at)  # no live value read after training was let go
     copied.write(tmp_path / "copied")
-    ours, theirs = file_bytes(tmp_path / "partly"), file_bytes(tmp_path / "copied")
-    assert ours.keys() == theirs.keys()
-    for name in ours:
-        if name == snapshot.MODEL_FILE:
-            assert keras_members(ours[name]) == keras_members(theirs[name])
-        elif name == snapshot.METADATA_FILE:
-            assert undated(ours[name]) == undated(theirs[name])
-        else:
-            assert ours[name] == theirs[name], name
+    assert_same_checkpoint(tmp_path / "partly", tmp_path / "copied")
 
 
 @pytest.mark.lanes
@@ -329,15 +326,7 @@ def test_a_big_variable_is_written_in_slices_into_the_same_bytes(
     else:
         assert not {id(v) for v in whole} & {id(v) for v in big}  # no big one read whole
         assert len(reads) > len(big) and max(stop - start for start, stop in reads) < 16  # of 16 or 64 rows
-    ours, theirs = file_bytes(tmp_path / "streamed"), file_bytes(tmp_path / "copied")
-    assert ours.keys() == theirs.keys()
-    for name in ours:
-        if name == snapshot.MODEL_FILE:
-            assert keras_members(ours[name]) == keras_members(theirs[name])
-        elif name == snapshot.METADATA_FILE:
-            assert undated(ours[name]) == undated(theirs[name])
-        else:
-            assert ours[name] == theirs[name], name
+    assert_same_checkpoint(tmp_path / "streamed", tmp_path / "copied")
 
 
 def checkpoint_files(run: Path) -> dict[str, dict[str, Any]]:
