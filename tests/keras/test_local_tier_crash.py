@@ -82,6 +82,18 @@ def kill_after(argv: list[str], tmp: Path, more_steps: int) -> WatchedJob:
     return job
 
 
+def kill_at_local_commit(argv: list[str], tmp: Path) -> WatchedJob:
+    """Start the job and SIGKILL it as soon as it logs a local checkpoint committed past where it
+    resumed: the local tier is then newer than the durable one, however far behind training the
+    local commit ran (on a loaded machine it lands several steps after its save began)."""
+    job = WatchedJob(JOB, argv, job_env(), tmp / "stderr.log")
+    job.wait_for("READY", 120)
+    job.wait_for("LOG resumable: local tier: committed ", 120)
+    job.kill()
+    assert job.finish(30) == -signal.SIGKILL, job.output
+    return job
+
+
 def finish(argv: list[str], tmp: Path) -> WatchedJob:
     job = WatchedJob(JOB, argv, job_env(), tmp / "stderr.log")
     assert job.finish(300) == 0, job.output
@@ -178,6 +190,11 @@ def test_new_vm_resumes_from_the_durable_tier(where: str, tmp_path: Path, reques
     assert_equal_to_plain(out, plain(6))
 
 
+def newest_durable(url: str):
+    """The durable tier's newest committed checkpoint (an upload killed in flight is not one)."""
+    return [c for c in RunStorage(url).list() if c.ok][-1]
+
+
 def newest_local(local: Path) -> tuple[Path, int]:
     """The newest committed checkpoint of the one local run folder under ``local``: its folder, its step."""
     (run,) = [p for p in local.iterdir() if p.is_dir() and not p.name.startswith(".")]
@@ -192,17 +209,17 @@ def test_a_damaged_foreign_or_older_local_tier_is_never_used(
     argv = tier_args(url, local, out, epochs=6)
 
     # damaged: the newest local checkpoint's weights flipped; its checksum fails, the durable one is used
-    kill_after(argv, tmp_path, 17)
-    for _ in range(5):  # killed before a local checkpoint newer than the durable one was committed: again
-        if newest_local(local)[1] > max([0, *(c.step or 0 for c in RunStorage(url).list())]):
+    kill_after(argv, tmp_path, 14)  # past the first epoch end (step 12): a durable checkpoint is committed
+    for _ in range(5):  # killed as a local commit past the durable one lands; again if an epoch end won
+        kill_at_local_commit(argv, tmp_path)
+        if newest_local(local)[1] > max([0, *(c.step or 0 for c in RunStorage(url).list() if c.ok)]):
             break
-        kill_after(argv, tmp_path, 5)
     newest, damaged_step = newest_local(local)
     payload = newest / "model.keras"
     data = bytearray(payload.read_bytes())
     data[len(data) // 2] ^= 0xFF
     payload.write_bytes(bytes(data))
-    durable = RunStorage(url).list()[-1]
+    durable = newest_durable(url)
     job = kill_after(argv, tmp_path, 17)
     assert resumed_step(job) == durable.step and damaged_step > (durable.step or 0), job.output
     line = tier_line(job)
@@ -214,7 +231,7 @@ def test_a_damaged_foreign_or_older_local_tier_is_never_used(
     shutil.copytree(run_folder, old)
     old_step = max(int(c.step or 0) for c in RunStorage(str(old)).list())
     job = kill_after(argv, tmp_path, 2 * STEPS_PER_EPOCH)
-    durable = RunStorage(url).list()[-1]
+    durable = newest_durable(url)
     assert durable.step is not None and durable.step > old_step
     shutil.rmtree(run_folder)
     shutil.copytree(old, run_folder)
@@ -227,7 +244,7 @@ def test_a_damaged_foreign_or_older_local_tier_is_never_used(
     other_local = tmp_path / "other-local"
     kill_after(tier_args(other_url, other_local, tmp_path / "other.npz", epochs=6), tmp_path, 60)
     (other_run,) = [p for p in other_local.iterdir() if p.is_dir() and not p.name.startswith(".")]
-    durable = RunStorage(url).list()[-1]
+    durable = newest_durable(url)
     shutil.rmtree(run_folder)
     shutil.copytree(other_run, run_folder)
     assert max(int(c.step or 0) for c in RunStorage(str(run_folder)).list()) > (durable.step or 0)
@@ -245,16 +262,15 @@ def test_a_local_checkpoint_resumed_from_is_promoted_and_survives_a_lost_vm(
         where: str, tmp_path: Path, request: pytest.FixtureRequest, plain) -> None:
     url, local, out = durable_url(where, tmp_path, request), tmp_path / "local", tmp_path / "final.npz"
     argv = tier_args(url, local, out, epochs=5)
-    more = 17
+    kill_after(argv, tmp_path, 14)  # past the first epoch end (step 12): a durable checkpoint is committed
     for _ in range(5):  # until a kill leaves a local checkpoint newer than the durable one
-        kill_after(argv, tmp_path, more)
+        kill_at_local_commit(argv, tmp_path)
         job = WatchedJob(JOB, argv, job_env(), tmp_path / "stderr.log")
         job.wait_for("READY", 120)
         if "from the local tier" in tier_line(job):
             break
         job.kill()
         job.finish(30)
-        more += 2
     else:
         pytest.fail("no kill left a local checkpoint newer than the durable one")
     name = job.wait_for("RESUMED", 60).split()[1]
