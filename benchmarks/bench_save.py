@@ -511,6 +511,10 @@ class Meter:
         self.cpu_here: list[float] = []
         self.cpu_emulator: list[float] = []
         self.blocked: list[float] = []  # per epoch: seconds inside the checkpoint callback's hooks
+        # per epoch: seconds from its begin hooks' end to its first batch: TensorFlow starting the
+        # epoch's input iterator, which on this machine stalls ~5 s at random in plain model.fit too
+        self.input_start: list[float] = []
+        self._epoch_hooks_done = 0.0  # when the checkpoint's on_epoch_begin returned
         self.peaks: list[int] = []  # per save: peak RSS over the baseline, until the next save
         self.wait = 0.0  # on_train_end: the last background save
         self._base: int | None = None
@@ -542,6 +546,14 @@ class Meter:
             def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
                 meter.mark()
                 meter.blocked.append(0.0)
+                meter._epoch_hooks_done = time.perf_counter()  # moved on by a timed on_epoch_begin
+                self.first = True
+
+            def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+                # a begin hook leaves Keras' asynchronous dispatch of batch ends as it is
+                if self.first:
+                    self.first = False
+                    meter.input_start.append(time.perf_counter() - meter._epoch_hooks_done)
 
             def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
                 meter.open_window()
@@ -556,18 +568,20 @@ class Meter:
         no-op defaults stay untouched: wrapping a batch hook would change Keras' dispatch)."""
         import keras
 
-        def add_to_epoch(hook: Callable[..., Any]) -> Callable[..., Any]:
+        def add_to_epoch(hook: Callable[..., Any], name: str) -> Callable[..., Any]:
             def timed_hook(*args: Any, **kwargs: Any) -> Any:
                 started = time.perf_counter()
                 try:
                     return hook(*args, **kwargs)
                 finally:
                     self.blocked[-1] += time.perf_counter() - started
+                    if name == "on_epoch_begin":
+                        self._epoch_hooks_done = time.perf_counter()
             return timed_hook
 
         for name in ("on_epoch_begin", "on_train_batch_begin", "on_train_batch_end", "on_epoch_end"):
             if getattr(type(checkpoint), name) is not getattr(keras.callbacks.Callback, name):
-                setattr(checkpoint, name, add_to_epoch(getattr(checkpoint, name)))
+                setattr(checkpoint, name, add_to_epoch(getattr(checkpoint, name), name))
         train_end = checkpoint.on_train_end
 
         def timed_train_end(logs: Any = None) -> None:
@@ -579,13 +593,20 @@ class Meter:
         return checkpoint
 
     def result(self, saved: bool) -> dict[str, float | None]:
-        def per_epoch(marks: list[float]) -> float | None:  # the first epoch traces the graph: left out
-            if not marks:
+        def per_epoch(marks: list[float], less: list[float] | None = None) -> float | None:
+            if not marks:  # the first epoch traces the graph: left out
                 return None
-            return statistics.median([b - a for a, b in zip(marks[:-1], marks[1:], strict=True)][1:])
+            spans = [b - a for a, b in zip(marks[:-1], marks[1:], strict=True)]
+            if less is not None:
+                spans = [span - start for span, start in zip(spans, less, strict=True)]
+            return statistics.median(spans[1:])
 
         return {
-            "epoch_s": per_epoch(self.begins),
+            # the epoch less its input's start: the same in every configuration, and on TensorFlow
+            # here a random ~5 s stall that made one epoch in three of any configuration twice as long
+            "epoch_s": per_epoch(self.begins, self.input_start),
+            "input_start_s": statistics.median(self.input_start[1:]),
+            "input_start_max_s": max(self.input_start[1:]),
             "blocked_s": statistics.median(self.blocked[1:]) if saved else None,
             "wait_s": self.wait if saved else None,
             # what fit waits for the last save in all: its epoch end's share, then on_train_end
@@ -722,7 +743,10 @@ def render(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
         f"{first['params'] / 1e6:.1f}M parameters with Adam; {args.epochs} epochs of {args.steps} batches "
         f"of {args.batch_size} per configuration and round; {args.rounds} round(s), configurations in a "
         f"rotated order. Cells: median [min-max] over rounds; ratios taken within each round. Epoch: "
-        f"median over epochs 2 to {args.epochs}; blocked: median over saves 2 to {args.epochs}.",
+        f"median over epochs 2 to {args.epochs}, each less its input's start (the gap between the epoch's "
+        f"begin hooks and its first batch: Keras starting the input iterator, the same work in every "
+        f"configuration; its longest per fit in 'input start, max'); blocked: median over saves 2 to "
+        f"{args.epochs}.",
     ]
     for result in results:
         lines += ["", f"**{BACKEND_NAMES[result['backend']]}**", ""]
@@ -743,10 +767,12 @@ def training_table(result: dict[str, Any]) -> list[str]:
         rows.append([CONFIGS[config], cell("epoch_s", seconds), cell("blocked_s", seconds),
                      cell("wait_s", seconds), cell("last_save_s", seconds),
                      cell("peak_rss_mb", megabytes), cell("size_mb", megabytes),
-                     cell("cpu_here_s", seconds), cell("cpu_emulator_s", seconds)])
+                     cell("cpu_here_s", seconds), cell("cpu_emulator_s", seconds),
+                     cell("input_start_max_s", seconds)])
     return format_table(["configuration", "epoch (s)", "blocked per save (s)", "wait at end (s)",
                          "last save, all waited (s)", "peak RSS over baseline (MB)", "checkpoint (MB)",
-                         "CPU/epoch here (s)", "CPU/epoch emulator (s)"], rows, right=set(range(1, 9)))
+                         "CPU/epoch here (s)", "CPU/epoch emulator (s)", "input start, max (s)"], rows,
+                        right=set(range(1, 10)))
 
 
 def ratio_table(result: dict[str, Any]) -> list[str]:
