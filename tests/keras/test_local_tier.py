@@ -14,6 +14,7 @@ import resumable
 from resumable import RunStorage
 from resumable.keras import topology
 from resumable.keras.callback import local_tier
+from resumable.keras.checkpoint import model_to_files
 from resumable.manager import tiers
 
 
@@ -60,6 +61,36 @@ def test_a_fit_saves_the_local_tier_between_the_durable_saves(tmp_path: Path) ->
     durable_steps = {c.step for c in RunStorage(str(tmp_path / "run")).list()}
     assert durable_steps == {8, 16}  # the durable tier's schedule, unchanged
     assert not (tmp_path / "local" / run_id / "lease.json").exists()  # given back at the end of fit
+
+
+def test_a_durable_save_the_local_tier_is_due_at_is_written_to_both_from_one_snapshot(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """8 batches an epoch and a local save every 8 steps: due at each epoch end, where the durable
+    tier saves. The local tier writes the durable save's snapshot (no second copy in memory, no save
+    a batch later), and holds the epoch end while its upload may still be in flight."""
+    taken: list[object] = []
+    take = model_to_files.snapshot
+
+    def counted(*args: object, **kwargs: object) -> object:
+        taken.append(take(*args, **kwargs))  # type: ignore[arg-type]
+        return taken[-1]
+
+    monkeypatch.setattr(model_to_files, "snapshot", counted)
+    tier = resumable.LocalTier(folder=tmp_path / "local", every_steps=8, every_seconds=None, keep=2)
+    cb = resumable.CheckpointCallback(str(tmp_path / "run"), monitor="loss", local_tier=tier)
+    model = build()
+    model.fit(X, Y, batch_size=8, epochs=2, verbose=0, callbacks=[cb])
+    durable = RunStorage(str(tmp_path / "run")).list()
+    run_id = json.loads((tmp_path / "run" / "run.json").read_text())["run_id"]
+    local = RunStorage(str(tmp_path / "local" / run_id)).list()
+    assert [c.step for c in durable] == [8, 16]
+    assert len(taken) == 2, "one snapshot per step saved, whichever tiers write it"
+    assert [(c.name, c.step, c.ok) for c in local] == [(c.name, c.step, True) for c in durable]
+    for here, there in zip(local, durable, strict=True):
+        a = keras.saving.load_model(str(tmp_path / "local" / run_id / here.name / "model.keras"))
+        b = keras.saving.load_model(str(tmp_path / "run" / there.name / "model.keras"))
+        assert same_weights(a, b)
+    assert same_weights(a, model)
 
 
 def test_a_local_tier_that_cannot_be_written_is_one_warning_and_training_goes_on(tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ import logging
 import shutil
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +75,9 @@ class CheckpointBuilder:
         self.manager = manager
         self.lines = lines
         self.last_saved_step: int | None = None  # the newest checkpoint saved or resumed from
+        # the save just submitted, when its whole snapshot is in memory: for the local tier to
+        # write too (`LocalTierSaver.share`), handed over once by `take_shared`
+        self._shared: SharedSave | None = None
         self._lora_layers: bool | None = None  # whether the fit's model has LoRA layers; None: not asked yet
 
     def fit_begins(self) -> None:
@@ -193,9 +196,29 @@ class CheckpointBuilder:
         self.lines.save_started = started
         writer: RunWriter = self.manager.writer
         writer.submit(staging, name, manifest, files=files)
+        if isinstance(taken, snapshot.ModelSnapshot) and not (taken.partial or taken.streamed):
+            self._shared = SharedSave(taken, name, manifest)
         if self.options.async_upload:
             logger.info("resumable: staged %s in %.2f s; uploading in the background", name,
                         time.monotonic() - started)
+
+    def take_shared(self) -> SharedSave | None:
+        """The save just submitted, if its snapshot is whole in memory, handed over once: kept no
+        longer than the call that saved, so its memory is freed with its write."""
+        shared, self._shared = self._shared, None
+        return shared
+
+    def submit_shared(self, shared: SharedSave) -> None:
+        """Commit another tier's save into this builder's run folder: the same snapshot written
+        again (no second copy in memory), under the same name, by this run folder's commit."""
+        staging = self.manager.writer.stage(shared.name, drop_cached=False)
+        if not shared.taken.fits_in(self._write_folder(staging)):
+            self._no_room(shared.name, None if self.manager.writes_in_place else self.manager.staging_dir)
+            return
+        self.last_saved_step = shared.manifest.step
+        logger.info("resumable: saving %s (the snapshot of the durable save)", shared.name)
+        self.manager.writer.submit(staging, shared.name, replace(shared.manifest),
+                                   files=SnapshotFiles(shared.taken, shared.name, self))
 
     def _write_streamed(self, taken: snapshot.ModelSnapshot, staging: Path, name: str) -> str | None:
         """A snapshot over its memory budget (#54), written into ``staging`` now, one variable at a
@@ -270,6 +293,15 @@ class CheckpointBuilder:
         return Path(self.manager.storage.root) if self.manager.writes_in_place else staging
 
 
+@dataclass(frozen=True)
+class SharedSave:
+    """A save whose whole snapshot is in memory, for a second tier to write (#55)."""
+
+    taken: snapshot.ModelSnapshot
+    name: str
+    manifest: Manifest
+
+
 class SnapshotFiles:
     """A snapshot's files, written by the save job in the uploader's thread (the manager's
     `listener.Files`): a full disk said in one line, a half-written staging folder deleted."""
@@ -294,4 +326,4 @@ class SnapshotFiles:
             raise
 
 
-__all__ = ["CheckpointBuilder", "Progress", "SnapshotFiles"]
+__all__ = ["CheckpointBuilder", "Progress", "SharedSave", "SnapshotFiles"]

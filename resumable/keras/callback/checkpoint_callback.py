@@ -343,6 +343,7 @@ class CheckpointCallback(CarriedRun, OptionAttributes, keras.callbacks.Callback)
         inputs = self.builder.save(self.model, self.strategy, step=step, batch=batch, logs=logs,
                                    progress=Progress.of(self), callbacks=self._siblings, feed=self.feed,
                                    epoch_rng=self.position.epoch_rng)
+        self.local_saves.share(self.builder.take_shared())  # the local tier, if due, writes it too
         if inputs is not None:  # where the inputs stand at the newest checkpoint, for a later run.fit
             self.restored_state.inputs = inputs
         self.schedule.restart_clock()  # the interval counts training, not saving (nor a full disk)
@@ -368,6 +369,9 @@ class NoLocalTier:
 
     def save_if_due(self, callback: Any, siblings: Any, step: int, batch: int, logs: Any, *,
                     durable_saved: bool) -> None:
+        pass
+
+    def share(self, shared: Any) -> None:
         pass
 
     def end(self) -> None:

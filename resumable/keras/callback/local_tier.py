@@ -4,8 +4,8 @@ beside the durable run folder the callback saves on the user's schedule.
 
 The local tier is a run folder of the same format, written by the same `CheckpointBuilder`
 into its own `RunManager` (`manager.tiers.local_manager`): committed in place, manifest last,
-retention of its own. It saves at batch ends the durable tier does not save at (a step the
-durable tier saves is never saved twice). The writer lease that keeps two notebooks apart is
+retention of its own. It saves at its own batch ends; at a step the durable tier saves it
+writes the durable save's snapshot (`share`): one copy in memory for both. The writer lease that keeps two notebooks apart is
 the durable tier's: the local one is taken after it, over whoever held it.
 
 A failure of the local tier never stops training: one warning, and the tier is off for the rest
@@ -25,7 +25,7 @@ import keras
 from resumable.core import user_warnings
 from resumable.core.display import printable
 from resumable.keras import topology
-from resumable.keras.callback.checkpoint_builder import CheckpointBuilder, Progress
+from resumable.keras.callback.checkpoint_builder import CheckpointBuilder, Progress, SharedSave
 from resumable.keras.callback.commit_lines import CommitLines
 from resumable.keras.callback.fit_position import FitPosition, RestoredState
 from resumable.keras.callback.save_options import SaveOptions
@@ -141,6 +141,21 @@ class LocalTierSaver:
         except Exception as e:  # noqa: BLE001 - the durable tier goes on alone
             self._give_up(e)
         self.schedule.restart_clock()  # the interval counts training, not saving
+
+    def share(self, shared: SharedSave | None) -> None:
+        """The durable tier just saved (``shared``: its save, when its snapshot is whole in memory).
+        When the local tier is due at the same step, it writes that snapshot too: one copy in
+        memory for both tiers, and the local tier holds the durable tier's newest checkpoint
+        while that one is still uploading."""
+        if self.off or shared is None or self.builder is None or self.manager is None:
+            return
+        if not self.schedule.due_at_batch(shared.manifest.step) or not self.manager.writer.lease.held:
+            return
+        try:
+            self.builder.submit_shared(shared)
+        except Exception as e:  # noqa: BLE001 - the durable tier goes on alone
+            self._give_up(e)
+        self.schedule.restart_clock()
 
     def _save(self, callback: _Fit, siblings: Sequence[keras.callbacks.Callback], step: int, batch: int,
               logs: dict[str, float]) -> None:
