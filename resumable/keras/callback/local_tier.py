@@ -5,8 +5,9 @@ beside the durable run folder the callback saves on the user's schedule.
 The local tier is a run folder of the same format, written by the same `CheckpointBuilder`
 into its own `RunManager` (`manager.tiers.local_manager`): committed in place, manifest last,
 retention of its own. It saves at its own batch ends; at a step the durable tier saves it
-writes the durable save's snapshot (`share`): one copy in memory for both. The writer lease that keeps two notebooks apart is
-the durable tier's: the local one is taken after it, over whoever held it.
+writes the durable save's snapshot (`share`): one copy in memory for both. The writer lease
+that keeps two notebooks apart is the durable tier's: the local one is taken after it, over
+whoever held it.
 
 A failure of the local tier never stops training: one warning, and the tier is off for the rest
 of the session. A job of several processes (a model split across hosts, a multi-worker

@@ -150,6 +150,7 @@ def read_variables(model: keras.Model, folder: Path, where: str) -> None:
     _build_optimizer(model)
     variables = model_variables(model)
     check_listing(variables, read_listing(folder, where), where)
+    import jax
     import jax.numpy as jnp
 
     for i, variable in enumerate(variables):
@@ -162,6 +163,10 @@ def read_variables(model: keras.Model, folder: Path, where: str) -> None:
                 f"{printable(str(e).splitlines()[0])}; the checkpoint is damaged, an older one will be used"
             ) from None
         variable.assign(value)
+        del value
+        # one variable's read alive at a time, however far JAX's asynchronous dispatch runs
+        # behind on a busy machine: its host buffers go before the next variable is read
+        jax.block_until_ready(variable.value)
 
 
 def check_listing(variables: list[Any], saved: list[dict[str, Any]], where: str) -> None:
