@@ -91,6 +91,8 @@ def test_a_durable_save_the_local_tier_is_due_at_is_written_to_both_from_one_sna
         b = keras.saving.load_model(str(tmp_path / "run" / there.name / "model.keras"))
         assert same_weights(a, b)
     assert same_weights(a, model)
+    # no builder holds a snapshot after its save: the local tier's own saves keep none to share
+    assert cb.builder.take_shared() is None and cb.local_saves.builder.take_shared() is None
 
 
 def test_a_local_tier_that_cannot_be_written_is_one_warning_and_training_goes_on(tmp_path: Path) -> None:

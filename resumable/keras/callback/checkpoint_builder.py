@@ -68,9 +68,11 @@ class Progress:
 
 
 class CheckpointBuilder:
-    """Builds and submits the checkpoints of one callback (``options``) through ``manager``."""
+    """Builds and submits the checkpoints of one callback (``options``) through ``manager``;
+    ``shares``: each whole snapshot is kept for `take_shared` (the durable tier's, for a local tier)."""
 
-    def __init__(self, options: SaveOptions, manager: RunManager, lines: CommitLines) -> None:
+    def __init__(self, options: SaveOptions, manager: RunManager, lines: CommitLines, *,
+                 shares: bool = False) -> None:
         self.options = options
         self.manager = manager
         self.lines = lines
@@ -78,6 +80,7 @@ class CheckpointBuilder:
         # the save just submitted, when its whole snapshot is in memory: for the local tier to
         # write too (`LocalTierSaver.share`), handed over once by `take_shared`
         self._shared: SharedSave | None = None
+        self._shares = shares
         self._lora_layers: bool | None = None  # whether the fit's model has LoRA layers; None: not asked yet
 
     def fit_begins(self) -> None:
@@ -196,7 +199,8 @@ class CheckpointBuilder:
         self.lines.save_started = started
         writer: RunWriter = self.manager.writer
         writer.submit(staging, name, manifest, files=files)
-        if isinstance(taken, snapshot.ModelSnapshot) and not (taken.partial or taken.streamed):
+        if (self._shares and isinstance(taken, snapshot.ModelSnapshot)
+                and not (taken.partial or taken.streamed)):  # whole in memory
             self._shared = SharedSave(taken, name, manifest)
         if self.options.async_upload:
             logger.info("resumable: staged %s in %.2f s; uploading in the background", name,

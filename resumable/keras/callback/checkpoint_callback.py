@@ -193,7 +193,7 @@ class CheckpointCallback(CarriedRun, OptionAttributes, keras.callbacks.Callback)
         self.lines = CommitLines(bool(options.verbose))
         self.manager.listener = self.lines  # each commit and each checkpoint skipped, told
         self.schedule = options.save_schedule()
-        self.builder = CheckpointBuilder(options, self.manager, self.lines)
+        self.builder = CheckpointBuilder(options, self.manager, self.lines, shares=bool(options.local_tier))
         self.fit_lease = FitLease(options, self.manager, self.lines)
         self.local_saves = LocalTierSaver(options, self.manager) if options.local_tier else NoLocalTier()
         self.history: list[dict[str, float]] = []  # per-epoch logs of every epoch of the run
