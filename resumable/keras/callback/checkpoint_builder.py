@@ -286,9 +286,9 @@ class CheckpointBuilder:
         one warning, training goes on."""
         user_warnings.warn(f"resumable: {self.no_space_line(staging, name)}")
 
-    def no_space_line(self, staging_dir: Path | None, name: str) -> str:
+    def no_space_line(self, staging_dir: Path | None, name: str, *, in_background: bool = False) -> str:
         return no_space_line(name, self.manager.last_checkpoint, staging_dir=staging_dir,
-                             root=self.manager.storage.root)
+                             root=self.manager.storage.root, in_background=in_background)
 
     def _write_folder(self, staging: Path) -> Path:
         """Where a snapshot's files are written: a local run's own folder (straight into the
@@ -326,7 +326,7 @@ class SnapshotFiles:
                 shutil.rmtree(folder, ignore_errors=True)  # half a checkpoint would only hold the space
             if e.errno in NO_SPACE_ERRNOS:
                 staging = None if root is not None else self.builder.manager.staging_dir
-                raise NoSpaceError(self.builder.no_space_line(staging, self.name)) from e
+                raise NoSpaceError(self.builder.no_space_line(staging, self.name, in_background=True)) from e
             raise
 
 

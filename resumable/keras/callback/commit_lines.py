@@ -65,17 +65,19 @@ class CommitLines:
             print(line, flush=True)
 
 
-def no_space_line(name: str, last: CheckpointInfo | None, *, staging_dir: Path | None, root: str) -> str:
+def no_space_line(name: str, last: CheckpointInfo | None, *, staging_dir: Path | None, root: str,
+                  in_background: bool = False) -> str:
     """Why checkpoint ``name`` could not be written: its disk (the staging folder's, or with
-    ``staging_dir`` None the run folder ``root``'s), the space needed (as last time) and free."""
+    ``staging_dir`` None the run folder ``root``'s), the space needed (as last time) and free.
+    ``in_background``: for the save job's failure, whose warning says itself what is kept and retried."""
     needed = f"the last checkpoint took {human_size(last.size)}" if last and last.size else "size unknown"
+    then = "" if in_background else "; training goes on and the next save tries again"
     if staging_dir is not None:
         return (f"no space left in the staging folder {staging_dir} to save {name} ({needed}"
-                f"{free_space(str(staging_dir))}); training goes on and the next save tries again: free "
-                "space there, or pass staging_dir= on a bigger disk")
-    return (f"no space left in the run folder {root} to save {name} ({needed}{free_space(root)}); "
-            "training goes on and the next save tries again: free space there (empty Drive's trash), "
-            "or lower keep_last")
+                f"{free_space(str(staging_dir))}){then}: free space there, or pass staging_dir= on a "
+                "bigger disk")
+    return (f"no space left in the run folder {root} to save {name} ({needed}{free_space(root)}){then}: "
+            "free space there (empty Drive's trash), or lower keep_last")
 
 
 __all__ = ["CommitLines", "no_space_line"]
