@@ -1,10 +1,10 @@
 """The path of a save, measured: which of the package's files one epoch and its save run through.
 
 A small model trains two epochs through ``resume()`` + ``run.fit`` into a local run folder.
-From the start of the second epoch until ``run.fit`` returns (its save committed), every call
-of a function of the ``resumable`` package, in every thread, is recorded (``sys.setprofile``
-and ``threading.setprofile``, installed before ``resume()`` so that the uploader's and the
-lease's threads carry it too). From that trace:
+Once the first epoch's save is committed, from the start of the second epoch until ``run.fit``
+returns (its save committed), every call of a function of the ``resumable`` package, in every
+thread, is recorded (``sys.setprofile`` and ``threading.setprofile``, installed before
+``resume()`` so that the uploader's and the lease's threads carry it too). From that trace:
 
 - **files on the path**: the package's files whose functions ran;
 - **links**: distinct (caller file, callee file) pairs, the caller being the nearest frame of
@@ -125,6 +125,9 @@ def trace_save() -> dict[str, Any]:
     class StartRecording(keras.callbacks.Callback):
         def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
             if epoch == 1:
+                # the first epoch's save committed first: its upload would run on into the trace,
+                # and a run's first commit does what later ones do not (the run index written new)
+                run.callback.wait_for_uploads()
                 recording.set()
 
     rng = np.random.default_rng(0)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import keras
@@ -66,6 +67,23 @@ def topology(model: keras.Model | None, strategy: Any = None) -> tuple[int, int]
         spec = strategy.cluster_resolver.cluster_spec()
         processes = max(1, sum(spec.num_tasks(job) for job in ("chief", "worker") if job in spec.jobs))
     return processes, devices
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a fit runs, for its saves: nothing of it changes while the fit runs, so it is
+    asked once per fit (`placement`), not at every save."""
+
+    chief: bool  # this process writes the run folder (`is_chief`)
+    processes: int
+    devices: int
+    versions: dict[str, str]  # the software, for the manifest (`versions`)
+
+
+def placement(model: keras.Model | None, strategy: Any = None) -> Placement:
+    """Where the fit of ``model`` (under ``strategy``, if any) runs."""
+    processes, devices = topology(model, strategy)
+    return Placement(is_chief(model, strategy), processes, devices, versions())
 
 
 def is_chief(model: keras.Model | None, strategy: Any = None) -> bool:

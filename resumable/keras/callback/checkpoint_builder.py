@@ -82,11 +82,19 @@ class CheckpointBuilder:
         self._shared: SharedSave | None = None
         self._shares = shares
         self._lora_layers: bool | None = None  # whether the fit's model has LoRA layers; None: not asked yet
+        self._placement: topology.Placement | None = None  # where the fit runs; None: not asked yet
 
     def fit_begins(self) -> None:
-        """A fit begins: whether its model has LoRA layers is asked again, at its first save
-        (``enable_lora`` may have been called since the last fit; never during one)."""
+        """A fit begins: where it runs and whether its model has LoRA layers are asked again, at
+        its first save (``enable_lora`` may have been called since the last fit; never during one)."""
         self._lora_layers = None
+        self._placement = None
+
+    def placement(self, model: keras.Model, strategy: Any) -> topology.Placement:
+        """Where the fit of ``model`` runs (`topology.Placement`), asked once per fit."""
+        if self._placement is None:
+            self._placement = topology.placement(model, strategy)
+        return self._placement
 
     def has_lora_layers(self, model: keras.Model) -> bool:
         """Whether ``model`` has LoRA layers, asked once per fit (`lora.in_model`)."""
@@ -190,11 +198,11 @@ class CheckpointBuilder:
         if payload is None:
             return
         self.last_saved_step = step
-        processes, devices = topology.topology(model, strategy)
+        where = self.placement(model, strategy)
         manifest = Manifest(
-            epoch=progress.epochs_done, step=step, batch=batch, metrics=logs, versions=topology.versions(),
-            state=self.summary(model, progress, callback_states), processes=processes, devices=devices,
-            payload=payload,
+            epoch=progress.epochs_done, step=step, batch=batch, metrics=logs, versions=dict(where.versions),
+            state=self.summary(model, progress, callback_states), processes=where.processes,
+            devices=where.devices, payload=payload,
         )
         self.lines.save_started = started
         writer: RunWriter = self.manager.writer

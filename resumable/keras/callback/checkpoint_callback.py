@@ -350,7 +350,7 @@ class CheckpointCallback(CarriedRun, OptionAttributes, keras.callbacks.Callback)
 
     def is_chief(self) -> bool:
         """Whether this process writes the run folder (process 0 of a distributed job)."""
-        return topology.is_chief(self.model, self.strategy)
+        return self.builder.placement(self.model, self.strategy).chief
 
 
 class NoLocalTier:
