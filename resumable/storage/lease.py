@@ -313,7 +313,7 @@ class Lease:
         raise LeaseLostError(self.lost)
 
     def _renew_loop(self) -> None:
-        pause = self.renew_interval
+        pause, failed = self.renew_interval, 0  # failed: renewals failed in a row (an outage)
         while not self._stop.wait(pause):
             pause = self.renew_interval
             try:
@@ -322,9 +322,16 @@ class Lease:
                 logger.info("resumable: %s", e)
                 return
             except Exception as e:  # noqa: BLE001 - a storage hiccup: try again soon, before it goes stale
-                pause = self.renew_interval / 2
-                logger.warning("resumable: could not renew the writer lease of %s (next try in %.0f s): %s",
-                               self.storage.url, pause, e)
+                pause, failed = self.renew_interval / 2, failed + 1
+                # an outage is one event: its first failure warns, the retries during it are logged
+                say = logger.warning if failed == 1 else logger.info
+                say("resumable: could not renew the writer lease of %s (next try in %.0f s): %s",
+                    self.storage.url, pause, e)
+                continue
+            if failed:
+                logger.info("resumable: renewed the writer lease of %s again, after %d failed tries",
+                            self.storage.url, failed)
+                failed = 0
 
 
 def check_timeout(timeout: Any, argument: str = "lease_timeout",

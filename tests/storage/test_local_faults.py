@@ -340,6 +340,31 @@ def test_a_lease_being_written_is_never_taken_over(
     assert read_lease(storage) == holder.info
 
 
+def test_an_outage_through_several_renewals_is_one_warning_and_the_lease_stays_ours(
+    storage: RunStorage, faults: LocalFaults, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Drive's mount gone for a few renewals: one warning when it starts, the retries during it
+    logged (info), one line when a renewal lands again; the lease was never given up."""
+    caplog.set_level("INFO", logger="resumable")
+    held = Lease(storage, timeout=60, renew_interval=0.1)
+    held.acquire()
+    outage = faults.fail("replace", LEASE_NAME, errno=errno.ENOTCONN, times=None)
+    held.start_renewing()
+    deadline = time.monotonic() + 30
+    while outage.seen < 3 * RETRY.attempts and time.monotonic() < deadline:  # three renewals failed
+        time.sleep(0.02)
+    faults.heal()
+    while "again, after" not in caplog.text and time.monotonic() < deadline:
+        time.sleep(0.02)
+    held.stop_renewing()
+    lines = [r for r in caplog.records if "renew the writer lease" in r.getMessage()]
+    assert [r.levelname for r in lines].count("WARNING") == 1 and lines[0].levelname == "WARNING", lines
+    assert len(lines) >= 3 and all(r.levelname == "INFO" for r in lines[1:])
+    again = [r.getMessage() for r in caplog.records if "again, after" in r.getMessage()]
+    assert len(again) == 1 and "failed tries" in again[0], caplog.text
+    assert read_lease(storage) == held.info  # still ours, renewed after the outage
+
+
 def test_a_lease_that_stays_torn_is_taken_after_the_grace(
     storage: RunStorage, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
