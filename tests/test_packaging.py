@@ -58,3 +58,19 @@ def test_a_keras_below_the_floor_is_one_line_at_import() -> None:
             "import resumable\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stderr.strip().splitlines() == [too_old("3.5.0")]
+
+
+def test_the_dev_extra_lints_with_the_versions_ci_pins() -> None:
+    """A contributor's `pip install -e ".[dev]"` runs the ruff and mypy that CI runs (.ci/run)."""
+    import configparser
+
+    from paths import ROOT
+
+    config = configparser.ConfigParser()
+    config.read(ROOT / "setup.cfg")
+    dev = {line.strip() for line in config["options.extras_require"]["dev"].splitlines()}
+    lines = (ROOT / "requirements" / "lint.txt").read_text().splitlines()
+    pins = {line.strip() for line in lines if line.strip() and not line.startswith("#")}
+    assert pins == {p for p in dev if p.startswith(("ruff", "mypy"))} and len(pins) == 2, (pins, dev)
+    assert all("==" in pin for pin in pins)
+    assert "requirements/lint.txt" in (ROOT / ".ci" / "run").read_text()
