@@ -13,12 +13,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import sys
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from resumable.core import user_warnings
 from resumable.core.errors import ResumableError
 from resumable.manager.background import Worker
 from resumable.storage.single_file import FileRecord, FileTarget
@@ -84,7 +84,7 @@ class FileWriter:
         try:
             self._land(job)
         except BaseException as e:
-            warnings.warn(f"resumable: could not write {job.target.url}: {e}", stacklevel=1)
+            user_warnings.warn(f"resumable: could not write {job.target.url}: {e}")
             raise ResumableError(f"resumable: could not write a checkpoint file: {e}") from e
         finally:
             _drop(job)

@@ -30,10 +30,10 @@ import shutil
 import sys
 import threading
 import time
-import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from resumable.core import user_warnings
 from resumable.core.errors import LeaseLostError
 from resumable.core.manifest import Manifest
 from resumable.manager.background import Worker, wait_for
@@ -262,7 +262,7 @@ class Uploader:
         try:
             self.wait(timeout)
         except Exception as e:
-            warnings.warn(f"resumable: {e}", stacklevel=2)
+            user_warnings.warn(f"resumable: {e}")
         with self._cond:
             self._closed = True
             self._cond.notify_all()
@@ -293,7 +293,7 @@ class Uploader:
             try:
                 self._on_commit(info)
             except Exception as e:  # the checkpoint is committed; what follows is bookkeeping
-                warnings.warn(f"resumable: after committing {job.name}: {e}", stacklevel=1)
+                user_warnings.warn(f"resumable: after committing {job.name}: {e}")
 
     def _committed_job(self, job: SaveJob) -> None:
         with self._cond:
@@ -317,15 +317,15 @@ class Uploader:
             return
         what = "upload" if job.files is None else "save"
         if not self.retry_failed:
-            warnings.warn(f"resumable: {what} of {job.name} failed: {error}; it is not tried again, the next "
-                          "save commits a newer checkpoint", stacklevel=1)
+            user_warnings.warn(f"resumable: {what} of {job.name} failed: {error}; it is not tried again, "
+                               "the next save commits a newer checkpoint")
             self._drop(job)
             with self._cond:
                 self._given_up = error
             return
         kept = f"the local copy {job.staged}" if job.files is None else "the checkpoint, in memory,"
-        warnings.warn(f"resumable: {what} of {job.name} failed: {error}; {kept} is kept and the next save "
-                      "tries again", stacklevel=1)
+        user_warnings.warn(f"resumable: {what} of {job.name} failed: {error}; {kept} is kept and the next "
+                           "save tries again")
         with self._cond:
             older = self._failed
             self._failed, self._error = job, error

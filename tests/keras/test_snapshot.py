@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +100,10 @@ def test_a_failed_background_write_is_reported_and_retried(tmp_path: Path, monke
     failed = [m for m in messages if "save of ckpt-000001 failed" in m]
     assert len(failed) == 1 and "no space left in the run folder" in failed[0], messages
     assert failed[0].count("tries again") == 1 and "\n" not in failed[0], failed  # each thing said once
+    [caught] = [w for w in recwarn if "save of ckpt-000001 failed" in str(w.message)]
+    assert caught.filename == "resumable-uploader"  # the thread it came from, not resumable's source file
+    shown = warnings.formatwarning(caught.message, caught.category, caught.filename, caught.lineno)
+    assert shown.count("\n") == 1, shown  # one line: no source line of resumable's printed under it
     good = [c.name for c in resumable.RunStorage(str(tmp_path / "run")).list() if c.ok]
     assert good[-1] == "ckpt-000003"  # the next saves went on; the failed one was retried or superseded
 
