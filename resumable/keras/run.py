@@ -136,6 +136,8 @@ class Run:
         feed = Feed(self.model, args, kwargs, epoch=self.initial_epoch, batch=self.callback.resume_batch,
                     saved=self.callback.restored_state.inputs,
                     epoch_rng=self.callback.restored_state.epoch_rng)
+        if feed.ran_out is not None:
+            return self._done(feed.ran_out, kwargs)
         everything = [feed, Witness(self.callback)] + [c for c in own if c is not self.callback] + [
             self.callback]
         self._fitted = True

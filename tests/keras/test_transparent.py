@@ -107,6 +107,12 @@ def six_batches() -> Iterator[tuple[np.ndarray, np.ndarray]]:
     yield from itertools.islice(batches(), SAMPLES // BATCH)
 
 
+def batches_to_the_stop() -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Exactly the batches of the first session's epochs: a new session's, brought to the
+    checkpoint, has none left (an unbroken fit runs out at the next epoch and stops)."""
+    yield from itertools.islice(batches(), STOP_AT * 4)
+
+
 def noisy(x: Any, y: Any) -> tuple[Any, Any]:
     return x + tf.random.uniform(tf.shape(x)) * 0.1, y  # no op seed: from the global seed
 
@@ -145,6 +151,7 @@ CASES: dict[str, tuple[Callable[[], Any], dict[str, Any]]] = {
     "tf.data without repeat, steps_per_epoch below its length": (
         lambda: tensors().shuffle(SAMPLES, seed=1).batch(BATCH), {"steps_per_epoch": 4}),
     "generator": (batches, {"steps_per_epoch": 4}),
+    "generator ending at the checkpoint": (batches_to_the_stop, {"steps_per_epoch": 4}),
     "arrays, shuffle=True": (arrays, {"batch_size": BATCH, "shuffle": True}),
     "tf.data validation": (
         lambda: tensors().shuffle(SAMPLES, seed=1).batch(BATCH),
@@ -225,6 +232,18 @@ def test_a_resumed_run_fit_ends_as_model_fit(case: str, tmp_path: Path) -> None:
     expected = with_model_fit(case)
     with_run_fit(case, tmp_path / "run", STOP_AT)
     assert_equal_weights(with_run_fit(case, tmp_path / "run", EPOCHS), expected, f"{case}, resumed")
+
+
+def test_a_resumed_run_fit_whose_generator_ended_at_the_checkpoint_says_so_once(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with_run_fit("generator ending at the checkpoint", tmp_path / "run", STOP_AT)
+    capsys.readouterr()
+    run = resumable.resume(str(tmp_path / "run"), build_model=make_model)
+    history = run.fit(batches_to_the_stop(), epochs=EPOCHS, steps_per_epoch=4, verbose=1)
+    out = capsys.readouterr().out
+    said = f"(generator batches_to_the_stop()) ended at the checkpoint, after {STOP_AT * 4} batches: nothing"
+    assert out.count(said) == 1 and "Epoch" not in out, out  # one line, no epoch begun
+    assert history.history == {}
 
 
 # Inputs whose order an epoch draws: Ctrl-C three batches into the second epoch, then a resume.

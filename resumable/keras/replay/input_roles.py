@@ -164,11 +164,14 @@ class DatasetStream(Stream):
 
 
 class IteratorStream(Stream):
+    """``ahead``: batches already read from ``iterator`` (to tell it has more), handed to fit first."""
+
     kind = "iterator"
 
-    def __init__(self, iterator: Iterator[Any], start: int) -> None:
+    def __init__(self, iterator: Iterator[Any], start: int, ahead: list[Any] | None = None) -> None:
         super().__init__(start)
         self.iterator = iterator
+        self._source = _ahead_first(ahead, iterator) if ahead else iterator
 
     def epoch_done(self) -> None:
         super().epoch_done()
@@ -177,11 +180,17 @@ class IteratorStream(Stream):
     def for_fit(self, limit: int | None, skip: int) -> Any:
         # Keras reads a generator ahead (tf.data's prefetch): a fit of part of an epoch gets no
         # more than it trains on, so the next fit finds the rest.
-        return self.iterator if limit is None else _limited(self.iterator, limit)
+        return self._source if limit is None else _limited(self._source, limit)
 
 
 def _limited(iterator: Iterator[Any], limit: int) -> Iterator[Any]:
     yield from itertools.islice(iterator, limit)
+
+
+def _ahead_first(ahead: list[Any], iterator: Iterator[Any]) -> Iterator[Any]:
+    """A generator (Keras takes no other iterator): ``ahead``, then the rest of ``iterator``."""
+    yield from ahead
+    yield from iterator
 
 
 class PyDatasetRole(Role):

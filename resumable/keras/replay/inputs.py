@@ -75,6 +75,7 @@ class Feed(keras.callbacks.Callback):
         self.epoch_rng = epoch_rng or {}
         self.resumed = epoch > 0 or batch > 0
         self.problems: list[str] = []
+        self.ran_out: str | None = None  # why nothing is left to train: the input ended at the checkpoint
         steps = self.arguments.get("steps_per_epoch")
         self.roles: dict[str, Role] = {
             TRAIN: self._train(self.arguments.get("x"), steps, saved.get(TRAIN) or {}, epoch, batch),
@@ -152,10 +153,26 @@ class Feed(keras.callbacks.Callback):
                                            "in the session that saved the checkpoint: pass a new generator "
                                            "(a generator function's call) for an exact resume")
             known = self._fast_forward(iterator, target)
+            if known and known == target:
+                return self._unless_ended(iterator, known)
         elif known != target:
             self._say(iterator, TRAIN, f"this session already read {known} batches of it, and the checkpoint "
                                        f"is at batch {target}: pass a new generator for an exact resume")
         return IteratorStream(iterator, known)
+
+    def _unless_ended(self, iterator: Iterator[Any], position: int) -> Role:
+        """A generator brought to the checkpoint: its next batch read ahead (handed to fit first), or
+        ``ran_out`` said when it has none. An unbroken fit read it to its end there and stopped
+        ("Your input ran out of data"); Keras refuses a generator that yields nothing at all."""
+        try:
+            ahead = next(iterator)
+        except StopIteration:
+            self.ran_out = (f"the training input ({describe(iterator)}) ended at the checkpoint, after "
+                            f"{position} batches: nothing is left to train, and an unbroken model.fit "
+                            "stopped there too (Keras: 'Your input ran out of data'); pass a generator "
+                            "with more batches to train further")
+            return IteratorStream(iterator, position)
+        return IteratorStream(iterator, position, ahead=[ahead])
 
     def _fast_forward(self, iterator: Iterator[Any], count: int) -> int:
         if count and self.arguments.get("verbose", 1):
