@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from parsing import parse
 from paths import ROOT
 
 PACKAGE = ROOT / "resumable"
@@ -36,7 +37,7 @@ def imports_of(path: Path) -> set[str]:
     """The resumable modules ``path`` imports (a ``from x import y`` counts y when y is a module)."""
     found = set()
     package = module_name(path) if path.name == "__init__.py" else module_name(path).rpartition(".")[0]
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(parse(path.read_text())):
         if isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom):
@@ -147,7 +148,7 @@ CALLBACK_PARTS = {f"callback/{name}.py" for name in ("checkpoint_callback", "sav
 
 def callback_private_names() -> set[str]:
     """The ``_names`` CheckpointCallback defines: its methods and the fields its methods assign."""
-    tree = ast.parse((PACKAGE / "keras" / "callback" / "checkpoint_callback.py").read_text())
+    tree = parse((PACKAGE / "keras" / "callback" / "checkpoint_callback.py").read_text())
     cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "CheckpointCallback")
     names = set()
     for node in ast.walk(cls):
@@ -162,7 +163,7 @@ def callback_private_names() -> set[str]:
 def private_uses(source: str, private: set[str]) -> list[str]:
     """``line: .name`` for each attribute of ``source`` read or written that is one of ``private``
     (``self._x`` only in a subclass of CheckpointCallback: elsewhere ``self`` is another object)."""
-    tree = ast.parse(source)
+    tree = parse(source)
     own = set()  # self._x of classes that are not the callback's
     for cls in ast.walk(tree):
         if isinstance(cls, ast.ClassDef) and not any(

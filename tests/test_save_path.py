@@ -12,6 +12,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from parsing import parse
 
 SCRIPT = Path(__file__).parent.parent / "benchmarks" / "save_path.py"
 
@@ -43,7 +44,7 @@ def test_the_forwarding_count_finds_methods_that_only_hand_on() -> None:
             def other(self):
                 return self._folder.root
     ''')
-    cls = ast.parse(source).body[0]
+    cls = parse(source).body[0]
     assert isinstance(cls, ast.ClassDef)
     found = {m.name for m in cls.body if isinstance(m, ast.FunctionDef) and _script().is_forwarding(m)}
     assert found == {"list", "delete", "url"}
